@@ -16,7 +16,8 @@ from .config import FSIEdgeConfig, TrainConfig, Preset, PRESETS, get_preset
 __all__ = ['GPU_PEAKS', 'ParamCount', 'count_params', 'mean_window_keys', 'popcount_sum', 'attention_keys', 'flops_per_token',
            'activation_bytes', 'training_memory', 'cpu_name', 'measure_cpu_peak', 'peak_flops', 'throughput',
            'tokens_in_budget', 'chinchilla_optimal', 'optimizer_steps', 'device_memory', 'report', 'human',
-           'format_report', 'main', 'seed_claims_table', 'plot_tokens_vs_params', 'cloud_shape', 'size_for_budget']
+           'format_report', 'main', 'seed_claims_table', 'plot_tokens_vs_params', 'presets_table', 'report_table',
+           'has_widget_frontend', 'sizing_explorer', 'cloud_shape', 'size_for_budget']
 
 # %% ../nbs/01_sizing.ipynb #ed9b4704
 def _resolve(x) -> Preset:
@@ -374,25 +375,32 @@ def seed_claims_table(mfu:float=0.4,  # MFU for the calculator's token figures
     df['ratio'] = df['calculator'] / df['seed']
     return df[['claim', 'seed', 'calculator', 'ratio', 'unit', 'note']]
 
-# %% ../nbs/01_sizing.ipynb #31db9cee
+# %% ../nbs/01_sizing.ipynb #b0b4e952
 def plot_tokens_vs_params(hours:float=8.0, # time budget
                           mfu:float=0.4,   # fraction of each GPU's stated bf16 peak
                           gpus=('a100', 'h100', 'h200'),
                           presets=None,    # names to mark on their own GPU; default every GPU preset
+                          mark:dict=None,  # a `report` to mark with a star (e.g. the config being explored)
                           ax=None):        # a matplotlib Axes to draw on
     "Log-log plot of the tokens reachable in `hours` vs active (compute) parameters, per GPU; returns the Figure."
     import matplotlib.pyplot as plt  # here, not at import: the CLI does not need matplotlib
     if ax is None: _, ax = plt.subplots(figsize=(7.5, 4.8))
     n = [10 ** (6 + i / 20) for i in range(0, 61)]            # 1M .. 1B parameters
-    for g in gpus:
-        flops = peak_flops(g, 'bf16')[0] * mfu * hours * 3600
-        ax.plot(n, [flops / (6 * x) for x in n], label=f"{g}: {human(peak_flops(g, 'bf16')[0], 'FLOP/s')} x {mfu:g}", lw=1.5)
+    by_peak = {}                                               # GPUs with the same peak share one line (H100, H200)
+    for g in gpus: by_peak.setdefault(peak_flops(g, 'bf16')[0], []).append(g)
+    for peak, gs in by_peak.items():
+        ax.plot(n, [peak * mfu * hours * 3600 / (6 * x) for x in n], label=f"{', '.join(gs)}: {human(peak, 'FLOP/s')} x {mfu:g}", lw=1.5)
     ax.plot(n, [20 * x for x in n], 'k--', lw=1, label='Chinchilla D = 20 N')
     presets = presets if presets is not None else [p for p in PRESETS if PRESETS[p].needs_gpu]
     for name in presets:
         r = report(name, hours, mfu=mfu)
-        ax.scatter(r['flops_per_token'] / 6, r['tokens_in_budget'], zorder=3, s=25)
+        if mark is not None and (mark['preset'], mark['gpu']) == (name, r['gpu']): continue   # the star stands for it
+        ax.scatter(r['flops_per_token'] / 6, r['tokens_in_budget'], zorder=3, s=25, color='k')
         ax.annotate(f"{name} on {r['gpu']}", (r['flops_per_token'] / 6, r['tokens_in_budget']), textcoords='offset points', xytext=(5, 4), fontsize=8)
+    if mark is not None:
+        xy = (mark['flops_per_token'] / 6, mark['tokens_in_budget'])
+        ax.scatter(*xy, marker='*', s=160, color='gold', edgecolor='k', zorder=4)
+        ax.annotate(f"{mark['preset']} on {mark['gpu']} ({human(mark['params_active'])} active)", xy, textcoords='offset points', xytext=(7, -12), fontsize=8, weight='bold')
     seed_n = flops_per_token('h100', 2048)['total'] / 6
     for tokens, label in ((58e6, 'seed: A100 58M'), (144e6, 'seed: H100 144M')):
         ax.scatter(seed_n, tokens, marker='x', color='crimson', zorder=3)
@@ -401,6 +409,108 @@ def plot_tokens_vs_params(hours:float=8.0, # time budget
            ylabel=f'training tokens in {hours:g} h', title=f'Tokens reachable in {hours:g} h at MFU {mfu:g} (stated bf16 peaks)')
     ax.grid(True, which='major', alpha=0.3); ax.legend(fontsize=8, loc='lower left')
     return ax.figure
+
+# %% ../nbs/01_sizing.ipynb #2f9f6908
+def presets_table(gpu:str=None,    # one device for every preset; default each preset's own (see `report`)
+                  hours:float=8.0,
+                  mfu:float=0.4):
+    "A pandas DataFrame: every preset's shape, parameters, FLOPs, tokens in the budget and memory."
+    import pandas as pd
+    rows = []
+    for name, p in PRESETS.items():
+        m, r = p.model, report(name, hours, gpu, mfu)
+        rows.append(dict(preset=name, d_model=m.d_model, layers=m.n_layers, heads=m.n_heads,
+                         ffn=f"{m.n_routed}+{m.n_shared} experts, top-{m.top_k}" if m.is_moe else f"dense {m.d_ff}",
+                         params_total=r['params_total'], params_active=r['params_active'], flops_per_token=r['flops_per_token'],
+                         device=r['gpu'], tokens_in_budget=r['tokens_in_budget'], planned_hours=r['planned_hours'],
+                         memory_gb=r['memory']['total'] / 1e9, fits=r['fits_memory']))
+    return pd.DataFrame(rows).set_index('preset')
+
+def report_table(r:dict):
+    "One `report` as a two-column pandas DataFrame of readable figures."
+    import pandas as pd
+    m, mc, ch = r['memory'], r['memory_checkpointed'], r['chinchilla']
+    rows = [('params total', f"{r['params_total']:,}"), ('params active', f"{r['params_active']:,}"),
+            ('params outside the embedding', f"{r['params_non_embedding']:,}"),
+            ('training FLOPs per token', human(r['flops_per_token'])),
+            ('peak', f"{human(r['peak_flops'], 'FLOP/s')} {r['precision']} — {r['peak_source']}"),
+            ('tokens/s at MFU', f"{human(r['tokens_per_sec'])} at {r['mfu']:g}"),
+            (f"tokens in {r['hours']:g} h", human(r['tokens_in_budget'])),
+            ('optimizer steps in budget', f"{r['optimizer_steps']:,} of {r['tokens_per_step']:,} tokens"),
+            ("preset's plan", f"{r['planned_steps']:,} steps, {human(r['planned_tokens'])} tokens, {r['planned_hours']:.2f} h"),
+            ('memory per step', f"{m['total'] / 1e9:.2f} GB, {mc['total'] / 1e9:.2f} GB with checkpointing, of {r['device_memory'] / 1e9:.0f} GB"),
+            ('Chinchilla for this budget', f"{human(ch['params'])} params on {human(ch['tokens'])} tokens"),
+            ('tokens per compute parameter', f"{r['tokens_per_param']:.1f}")]
+    return pd.DataFrame(rows, columns=['quantity', 'value']).set_index('quantity')
+
+def has_widget_frontend() -> bool:
+    "True in a live Jupyter kernel; False under nbdev-test, papermill or plain Python, where widgets do not render."
+    if os.environ.get('IN_TEST') or not in_notebook(): return False
+    try: parent = Path(f'/proc/{os.getppid()}/cmdline').read_bytes().replace(b'\0', b' ').decode(errors='replace')
+    except OSError: return True   # no /proc: assume a real frontend
+    return 'papermill' not in parent
+
+# %% ../nbs/01_sizing.ipynb #2c9a3769
+def _explore_config(p:Preset, d_model, n_layers, n_heads, n_routed, top_k, seq_len) -> FSIEdgeConfig:
+    "The preset's model with the explorer's numbers; heads re-balanced, kv heads at the preset's ratio."
+    m = p.model
+    kv = max(1, n_heads // max(1, m.n_heads // m.kv_heads))
+    moe = dict(n_routed=n_routed, top_k=top_k, n_shared=m.n_shared if m.is_moe else 2 if n_routed else 0,
+               expert_d_ff=m.expert_d_ff or max(64, d_model // 4))
+    return replace(m, d_model=d_model, n_layers=n_layers, n_heads=n_heads, kv_heads=kv, max_seq_len=seq_len,
+                   local_heads=None, struct_heads=None, global_heads=None, **moe)
+
+def sizing_explorer(preset:str='h100', gpu:str='h100', hours:float=8.0, mfu:float=0.4):
+    "ipywidgets controls that redraw a report table and the tokens-vs-parameters plot on every change."
+    import ipywidgets as W, matplotlib.pyplot as plt
+    from IPython.display import display
+    style, wide = {'description_width': '90px'}, W.Layout(width='330px')
+    sl = lambda cls, desc, **kw: cls(description=desc, continuous_update=False, style=style, layout=wide, **kw)
+    c = dict(preset=W.Dropdown(options=list(PRESETS), value=preset, description='preset', style=style, layout=wide),
+             d_model=sl(W.IntSlider, 'd_model', min=64, max=4096, step=64),
+             n_layers=sl(W.IntSlider, 'layers', min=1, max=64),
+             n_heads=sl(W.IntSlider, 'heads', min=1, max=64),
+             n_routed=sl(W.IntSlider, 'experts', min=0, max=128, step=2),
+             top_k=sl(W.IntSlider, 'top_k', min=0, max=16, step=2),
+             seq_len=W.Dropdown(options=[2**i for i in range(7, 16)], description='seq', style=style, layout=wide),
+             gpu=W.Dropdown(options=[*GPU_PEAKS, 'cpu'], value=gpu, description='GPU', style=style, layout=wide),
+             hours=sl(W.FloatSlider, 'hours', min=0.5, max=48, step=0.5, value=hours),
+             mfu=sl(W.FloatSlider, 'MFU', min=0.05, max=0.8, step=0.05, value=mfu))
+    table, plot = W.Output(), W.Output()
+    box = W.HBox([W.VBox(list(c.values())), W.VBox([table, plot])])
+    box.state, busy = {}, [False]
+
+    def load_preset(_=None):   # the preset's own numbers into the sliders, one redraw at the end
+        p, busy[0] = get_preset(c['preset'].value), True
+        m = p.model
+        for k, v in dict(d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads, n_routed=m.n_routed, top_k=m.top_k).items(): c[k].value = v
+        c['seq_len'].value = p.train.seq_len if p.train.seq_len in c['seq_len'].options else 2048
+        busy[0] = False; redraw()
+
+    def redraw(_=None):
+        if busy[0]: return
+        v = {k: w.value for k, w in c.items()}
+        table.clear_output(wait=True); plot.clear_output(wait=True)
+        try:
+            p = get_preset(v['preset'])
+            cfg = _explore_config(p, v['d_model'], v['n_layers'], v['n_heads'], v['n_routed'], v['top_k'], v['seq_len'])
+            custom = Preset(f"{p.name}*" if cfg != p.model else p.name, cfg, replace(p.train, seq_len=v['seq_len']), p.needs_gpu, 'explorer')
+            r = report(custom, v['hours'], v['gpu'], v['mfu'])
+        except ValueError as e:
+            box.state = dict(error=str(e))
+            with table: print(e)
+            return
+        fig = plot_tokens_vs_params(v['hours'], v['mfu'], mark=r)
+        box.state = dict(config=cfg, report=r, table=report_table(r), figure=fig)
+        with table: display(box.state['table'])
+        with plot: display(fig)
+        plt.close(fig)
+
+    c['preset'].observe(load_preset, 'value')
+    for k, w in c.items():
+        if k != 'preset': w.observe(redraw, 'value')
+    load_preset()
+    return box
 
 # %% ../nbs/01_sizing.ipynb #e258335f
 def cloud_shape(d_model:int, n_layers:int, seq_len:int=2048) -> FSIEdgeConfig:
