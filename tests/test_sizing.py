@@ -1,0 +1,252 @@
+"""fsi_nb.sizing: arithmetic against configs small enough to add up on paper, the CLI as a real subprocess,
+every error path, and the sizing run notebook under papermill."""
+import json, math, os, subprocess, sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from fsi_nb.config import FSIEdgeConfig, TrainConfig, PRESETS, get_preset
+from fsi_nb.sizing import (GPU_PEAKS, activation_bytes, attention_keys, chinchilla_optimal, count_params, device_memory,
+                           flops_per_token, has_widget_frontend, measure_cpu_peak, optimizer_steps, peak_flops,
+                           plot_tokens_vs_params, popcount_sum, presets_table, report, seed_claims_table,
+                           size_for_budget, throughput, tokens_in_budget, training_memory)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Hand config 1, dense: vocab 100, d 8, 1 layer, 2 heads of 4 (1 local, 0 struct, 1 global), 1 kv head, d_ff 16.
+DENSE = dict(vocab_size=100, d_model=8, n_layers=1, n_heads=2, kv_heads=1, d_ff=16, max_seq_len=4, window_size=2, struct_lines=1)
+# Hand config 2, MoE: vocab 100, d 8, 2 layers, 4 heads of 2 (2/1/1), 2 kv heads, 4 routed + 1 shared experts of 4, top-2.
+MOE = dict(vocab_size=100, d_model=8, n_layers=2, n_heads=4, kv_heads=2, n_routed=4, n_shared=1, top_k=2, expert_d_ff=4)
+
+
+def test_params_dense_by_hand():
+    c = count_params(FSIEdgeConfig(**DENSE))
+    # layer: attn_norm 8 + wq 64 + wk 32 + wv 32 + wo 64 + qk_norm 2*4 + ffn_norm 8 + SwiGLU 3*8*16 = 600
+    assert c.total == 800 + 600 + 8 == 1408
+    assert c.active == c.total and c.non_embedding == 608
+    assert c.by_component['attention_local'] == c.by_component['attention_global'] == 64   # one head: 4 rows of wq + 4 cols of wo
+    assert c.by_component['attention_struct'] == c.by_component['struct_bias'] == 0
+    assert (c.by_component['attention_kv'], c.by_component['qk_norm'], c.by_component['norms']) == (64, 8, 24)
+    assert count_params(FSIEdgeConfig(**DENSE, tie_embeddings=False)).total == 1408 + 800
+
+
+def test_params_moe_by_hand():
+    c = count_params(FSIEdgeConfig(**MOE))
+    # layer: norms 16 + wq 64 + wk 32 + wv 32 + wo 64 + qk_norm 4 + struct 1 + router 32 + 5 experts * 96 = 725
+    assert c.total == 800 + 2 * 725 + 8 == 2258
+    # active: 1 shared + 2 routed experts of the 4
+    assert c.active == 800 + 2 * (725 - 2 * 96) + 8 == 1874
+    assert (c.by_component['router'], c.by_component['shared_experts'], c.by_component['routed_experts']) == (64, 192, 768)
+    assert c.active_by_component['routed_experts'] == 384 and c.by_component['dense_ffn'] == 0
+    assert sum(c.by_component.values()) == c.total and sum(c.active_by_component.values()) == c.active
+
+
+def test_params_reference_presets():
+    assert count_params('tiny').total == 2_220_418 and count_params('tiny').non_embedding == 123_266
+    h = count_params('h100')
+    assert (h.total, h.active) == (105_068_568, 39_008_280)
+    for name in PRESETS:   # a preset name, a Preset and its model give the same answer
+        assert count_params(name) == count_params(get_preset(name)) == count_params(get_preset(name).model)
+
+
+def test_flops_by_hand():
+    f = flops_per_token(FSIEdgeConfig(**DENSE), 4)
+    assert f['matmul'] == 6 * (64 + 32 + 32 + 64 + 384) == 3456
+    assert f['lm_head'] == 6 * 100 * 8 and f['embedding'] == 0
+    # keys per query over t = 0..3, window 2: 1, 2, 2, 2 -> 1.75; Helix adds popcount(t-1): 0, 0, 1, 1 -> 0.5
+    assert f['attention_local'] == pytest.approx(12 * 4 * 1.75)
+    assert f['attention_global'] == pytest.approx(12 * 4 * 2.25)
+    assert f['attention_struct'] == 0
+    assert f['total'] == pytest.approx(3456 + 4800 + 84 + 108)
+    k = attention_keys(FSIEdgeConfig(**DENSE), 4)
+    assert (k['local'], k['struct'], k['global']) == (1.75, 1.75, 2.25)   # struct: min(t+1, struct_lines+1)
+    assert flops_per_token(FSIEdgeConfig(**DENSE)) == f                  # default seq_len: max_seq_len
+
+
+def test_flops_moe_counts_active_experts_only():
+    cfg = FSIEdgeConfig(**MOE)
+    f = flops_per_token(cfg, 16)
+    matmul = 2 * (64 + 32 + 32 + 64 + 32 + 3 * 96)   # per layer: attention projections, router, 3 active experts
+    assert f['matmul'] == 6 * matmul
+    more_experts = flops_per_token(replace(cfg, n_routed=16), 16)
+    assert more_experts['matmul'] - f['matmul'] == 6 * 2 * 8 * 12        # only the router grows
+
+
+def test_popcount_sum_brute_force():
+    for n in list(range(0, 70)) + [1023, 1024, 1025, 5000]:
+        assert popcount_sum(n) == sum(bin(i).count('1') for i in range(n))
+
+
+def test_memory_by_hand():
+    cfg, train = FSIEdgeConfig(**DENSE), TrainConfig(batch_size=2, seq_len=4)
+    a = activation_bytes(cfg, 4, 'fp32')
+    # attention: norm (2*8+1)*4 + shared input 8*4 + QK-Norm (2*4+1)*(2+1)*4 + q,k,v (2+2)*4*4 + out 2*4*4 + lse 2*4
+    #            + wo input 2*4*4 + Helix 1 head * 2 * ceil(log2 4) * 4 * 4 = 408;  ffn: 68 + 32 + 4*16*4 = 356
+    assert a['layer'] == 408 + 356
+    assert a['head'] == 68 + 32 + 100 * 12 and a['layer_input'] == 32
+    m = training_memory(cfg, train, 'fp32')
+    assert (m['weights'], m['master_weights'], m['grads'], m['adam_states']) == (4 * 1408, 0, 4 * 1408, 8 * 1408)
+    assert m['activations'] == 8 * (764 + 1300) and m['total'] == 16 * 1408 + 8 * 2064
+    assert training_memory(cfg, train, 'fp32', checkpointing=True)['activations'] == 8 * (32 + 764 + 1300)
+    b = training_memory(cfg, train, 'bf16')
+    assert (b['weights'], b['master_weights']) == (2 * 1408, 4 * 1408)
+    assert training_memory(cfg, replace(train, batch_size=4), 'fp32')['activations'] == 2 * m['activations']
+    assert training_memory(cfg, replace(train, grad_accum=8), 'fp32') == m   # accumulation does not add activations
+
+
+def test_checkpointing_saves_memory_on_deep_models():
+    m, c = training_memory('h100'), training_memory('h100', checkpointing=True)
+    assert c['activations'] < m['activations'] / 2 and c['total'] < m['total']
+
+
+def test_budget_arithmetic():
+    cfg = FSIEdgeConfig(**DENSE)
+    assert tokens_in_budget(cfg, 1, 'a100', 0.5, 4) == int(312e12 * 0.5 * 3600 / 8448)
+    tp = throughput(cfg, 'h100', 0.25, 4)
+    assert tp['tokens_per_sec'] == pytest.approx(989e12 * 0.25 / 8448)
+    assert tp['precision'] == 'bf16' and tp['peak_source'].startswith('stated: NVIDIA H100')
+    assert throughput(cfg, 'h100', 0.25, 4, 'fp32')['peak_flops'] == 67e12
+    assert chinchilla_optimal(6 * 1e6 * 20e6) == (1_000_000, 20_000_000)
+    n, d = chinchilla_optimal(1e21)
+    assert d == pytest.approx(20 * n, rel=1e-6) and 6 * n * d == pytest.approx(1e21, rel=1e-6)
+    assert optimizer_steps(98_304 * 10 + 5, 4, 12, 2048) == 10   # whole steps only
+    assert device_memory('h200') == 141e9
+
+
+def test_gpu_peaks_are_datasheet_dense_bf16():
+    assert {g: GPU_PEAKS[g]['bf16'] for g in ('a100', 'h100', 'h200')} == {'a100': 312e12, 'h100': 989e12, 'h200': 989e12}
+    for g in GPU_PEAKS: assert 'datasheet' in GPU_PEAKS[g]['source']
+
+
+def test_cpu_peak_probe_is_quick_and_cached(tmp_path):
+    import time, torch
+    t = time.perf_counter()
+    m = measure_cpu_peak(seconds=0.5, cache_dir=tmp_path)
+    assert time.perf_counter() - t < 2.5 and not m['cached']
+    assert torch.__version__ in m['key'] and f"{torch.get_num_threads()} threads" in m['key']
+    cache = json.loads((tmp_path / 'cpu_peak.json').read_text())
+    assert set(cache) == {m['key']} and cache[m['key']]['fp32'] == m['fp32']
+    again = measure_cpu_peak(cache_dir=tmp_path)
+    assert again['cached'] and again['fp32'] == m['fp32']
+    assert not measure_cpu_peak(seconds=0.2, cache_dir=tmp_path, refresh=True)['cached']
+
+
+def test_report_keys_and_defaults():
+    r = report('h100')
+    for k in ('params_total', 'params_active', 'flops_per_token', 'tokens_in_budget', 'memory', 'optimizer_steps', 'chinchilla'):
+        assert k in r
+    assert (r['gpu'], r['hours'], r['mfu'], r['precision']) == ('h100', 8.0, 0.4, 'bf16')
+    assert r['tokens_in_budget'] == tokens_in_budget('h100', 8, 'h100', 0.4, 2048)
+    assert report('h200')['gpu'] == 'h200' and report('cipher')['gpu'] == 'h100'
+    assert report('tiny', gpu='a100', hours=2)['tokens_in_budget'] == tokens_in_budget('tiny', 2, 'a100', 0.4, 128)
+
+
+def test_seed_claims_table():
+    t = seed_claims_table()
+    by = t.set_index('claim')
+    assert by.loc['CPU recipe: 4K-tiny parameters', 'calculator'] == 2_220_418
+    assert by.loc['CPU recipe: 4K-tiny parameters', 'seed'] == 4.7e3
+    assert by.loc['cipher_cloud_h100: total parameters', 'ratio'] == pytest.approx(105_068_568 / 200e6)
+    implied = by.loc['... MFU that 144M tokens implies', 'seed']
+    assert implied == pytest.approx(144e6 * flops_per_token('h100', 2048)['total'] / (8 * 3600 * 989e12))
+    assert implied < 0.01
+    assert {'claim', 'seed', 'calculator', 'ratio', 'unit', 'note'} <= set(t.columns)
+
+
+def test_plot_and_presets_table():
+    fig = plot_tokens_vs_params(hours=4, mfu=0.2, gpus=('a100',), presets=['h100'])
+    x, y = fig.axes[0].lines[0].get_data()
+    assert y[-1] * 6 * x[-1] == pytest.approx(312e12 * 0.2 * 4 * 3600)
+    t = presets_table(gpu='a100')
+    assert list(t.index) == list(PRESETS) and (t.device == 'a100').all()
+
+
+def test_presets_a100_h200_follow_the_sizing_rule():
+    for gpu, seq in (('a100', 2048), ('h200', 4096)):
+        s = size_for_budget(gpu, seq_len=seq)
+        assert (s.model, s.train) == (PRESETS[gpu].model, PRESETS[gpu].train)
+        r = report(gpu)
+        assert 6.9 < r['planned_hours'] < 7.0 and r['fits_memory']
+
+
+@pytest.mark.parametrize('call, message', [
+    (lambda: count_params('h1OO'), 'tiny, small, med, h100, a100, h200, cipher'),
+    (lambda: report('nope'), 'Fix: use one of tiny'),
+    (lambda: report('h100', gpu='v100'), 'a100, h100, h200, cpu'),
+    (lambda: tokens_in_budget('h100', 8, gpu='tpu'), 'a100, h100, h200, cpu'),
+    (lambda: peak_flops('h100', 'fp8'), "'bf16' or 'fp32'"),
+    (lambda: activation_bytes('h100', 2048, 'fp16'), "'bf16' or 'fp32'"),
+    (lambda: attention_keys('h100', 0), 'seq_len'),
+    (lambda: throughput('h100', mfu=40), 'fraction'),
+    (lambda: throughput('h100', mfu=0), 'fraction'),
+    (lambda: tokens_in_budget('h100', -1), 'hours'),
+    (lambda: chinchilla_optimal(0), 'FLOPs'),
+    (lambda: optimizer_steps(100, 1, 0, 8), 'grad_accum'),
+    (lambda: device_memory('v100'), 'a100, h100, h200, cpu'),
+    (lambda: size_for_budget('cpu'), 'CPU presets'),
+])
+def test_errors_name_problem_and_fix(call, message):
+    with pytest.raises(ValueError, match='Fix') as e: call()
+    assert message in str(e.value)
+
+
+def test_wrong_type_is_a_type_error():
+    with pytest.raises(TypeError, match='Fix'): count_params(42)
+
+
+def _cli(*args, env=None):
+    return subprocess.run([sys.executable, '-m', 'fsi_nb.sizing', *args], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, **(env or {})}, timeout=120)
+
+
+def test_cli_json():
+    p = _cli('h100', '--hours', '8', '--gpu', 'h100', '--mfu', '0.4', '--json')
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert (r['params_total'], r['params_active']) == (105_068_568, 39_008_280)
+    assert r['tokens_in_budget'] == tokens_in_budget('h100', 8, 'h100', 0.4)
+    assert r['flops_per_token'] == pytest.approx(flops_per_token('h100', 2048)['total'])
+    assert r['peak_source'].startswith('stated:')
+
+
+def test_cli_text_and_measured_cpu_peak(tmp_path):
+    p = _cli('tiny', '--gpu', 'cpu', '--hours', '1', env={'HOME': str(tmp_path)})
+    assert p.returncode == 0, p.stderr
+    assert '2,220,418' in p.stdout and 'measured:' in p.stdout
+    assert (tmp_path / '.cache' / 'fsi_nb' / 'cpu_peak.json').exists()
+
+
+@pytest.mark.parametrize('args, message', [(['h1OO'], 'tiny, small, med'), (['h100', '--gpu', 'v100'], 'a100, h100, h200, cpu'),
+                                           (['h100', '--mfu', '40'], 'fraction')])
+def test_cli_errors(args, message):
+    p = _cli(*args)
+    assert p.returncode == 2 and message in p.stderr and 'Traceback' not in p.stderr
+
+
+def test_cli_imports_nothing_heavy():
+    code = "import sys, fsi_nb.sizing; print([m for m in ('torch', 'pandas', 'matplotlib') if m in sys.modules])"
+    p = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert p.stdout.strip() == '[]', p.stdout + p.stderr
+
+
+def test_no_widget_frontend_outside_jupyter():
+    assert has_widget_frontend() is False
+
+
+def test_sizing_notebook_under_papermill(tmp_path):
+    out_nb, out_dir = tmp_path / 'sz.ipynb', tmp_path / 'sizing'
+    p = subprocess.run([sys.executable, '-m', 'papermill', 'nbs/sizing.ipynb', str(out_nb), '-k', 'python3', '--cwd', 'nbs',
+                        '-p', 'preset', 'h100', '-p', 'hours', '8', '-p', 'out_dir', str(out_dir)],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    nb = json.loads(out_nb.read_text())
+    text = '\n'.join(''.join(o.get('text', '')) for c in nb['cells'] if c['cell_type'] == 'code' for o in c.get('outputs', []))
+    for name in PRESETS:   # total and active parameters of every preset are printed
+        c = count_params(name)
+        assert f"{c.total:,}" in text and f"{c.active:,}" in text, name
+    assert 'widgets skipped' in text
+    assert any('image/png' in o.get('data', {}) for c in nb['cells'] for o in c.get('outputs', []))
+    assert {f.name for f in out_dir.iterdir()} == {'presets.csv', 'seed_claims.csv', 'tokens_vs_params.png'}
+    injected = [c for c in nb['cells'] if 'injected-parameters' in c['metadata'].get('tags', [])]
+    assert injected and "preset = \"h100\"" in ''.join(injected[0]['source'])   # the parameters tag survived nbdev-clean
