@@ -36,7 +36,7 @@ def _experts_grouped(xs, dest, gates, counts, w13, w2, y_pop, dtype):
     hid = (_glu(torch._grouped_mm(xs.to(dtype), w13.to(dtype), offs=offs)) * gates).to(dtype)
     return y_pop.index_add(0, dest, torch._grouped_mm(hid, w2.to(dtype), offs=offs).to(y_pop.dtype))
 
-# %% ../nbs/07_moe.ipynb #0d0f40a8
+# %% ../nbs/07_moe.ipynb #02a4352c
 class MoEFFN(nn.Module):
     "Shared + routed SwiGLU experts in populations; sigmoid router with loss-free bias balancing; dropless sorted dispatch."
     def __init__(self, cfg:FSIEdgeConfig, # an MoE config (`n_routed > 0`)
@@ -95,7 +95,7 @@ class MoEFFN(nn.Module):
         order = expert.argsort(stable=True)
         token = order // k                                         # each sorted pair's token
         dest = token * p + expert[order] // (self.n_routed // p)   # ... and its (token, population) output row
-        counts = torch.bincount(expert, minlength=self.n_routed)  # (n_routed,) pairs per expert
+        counts = expert.new_zeros(self.n_routed).index_add_(0, expert, torch.ones_like(expert))  # pairs per expert (static shape, unlike bincount)
         dtype = self._compute_dtype(x)
         grouped = self.dispatch == 'grouped' or (self.dispatch == 'auto' and x.is_cuda and dtype == torch.bfloat16)
         w13 = torch.cat([self.routed_w1, self.routed_w3], dim=-1)  # (n_routed, d_model, 2*expert_d_ff)
