@@ -250,3 +250,33 @@ def test_sizing_notebook_under_papermill(tmp_path):
     assert {f.name for f in out_dir.iterdir()} == {'presets.csv', 'seed_claims.csv', 'tokens_vs_params.png'}
     injected = [c for c in nb['cells'] if 'injected-parameters' in c['metadata'].get('tags', [])]
     assert injected and "preset = \"h100\"" in ''.join(injected[0]['source'])   # the parameters tag survived nbdev-clean
+
+
+SHRUNK = {'tiny': {}, 'h100': dict(n_layers=2, d_model=256, expert_d_ff=64, vocab_size=4096, window_size=32)}  # MoE, all head kinds
+
+
+@pytest.mark.parametrize('name, seq_len', [('tiny', 128), ('h100', 128)])   # 128 > window: Helix clusters in play
+@pytest.mark.parametrize('precision', ['fp32', 'bf16'])
+def test_activation_estimate_matches_the_real_model(name, seq_len, precision):
+    """Per-token activations of the built model (saved tensors + the returned logits) against `activation_bytes`."""
+    import torch
+    model_mod = pytest.importorskip('fsi_nb.model')
+    cfg = replace(PRESETS[name].model, **SHRUNK[name])
+    torch.manual_seed(0)
+    model = model_mod.FSIEdgeModel(cfg)
+
+    def per_step(batch):
+        seen = {}
+        def pack(t): seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes(); return t
+        ids = torch.randint(0, cfg.vocab_size, (batch, seq_len))
+        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=precision == 'bf16'), \
+             torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = model(input_ids=ids, labels=ids)
+        held = out.logits.untyped_storage()        # alive until the step ends, saved or not
+        seen.setdefault(held.data_ptr(), held.nbytes())
+        return sum(seen.values())
+
+    measured = (per_step(2) - per_step(1)) / seq_len          # the batch difference leaves only per-token tensors
+    a = activation_bytes(cfg, seq_len, precision)
+    estimate = cfg.n_layers * a['layer'] + a['head'] - 4 * cfg.vocab_size   # hooks cannot see the logits' gradient
+    assert measured / estimate == pytest.approx(1, abs=0.1), (measured, estimate)
