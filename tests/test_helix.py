@@ -28,14 +28,19 @@ def test_every_block_size(S):
 def test_mask_uses_exactly_the_binary_decomposition():
     T, W, S = 517, 12, 8
     idx, mask = _helix_mask(T, W, S, dtype=torch.float64)
-    nb = mask.shape[1]
-    sizes = [2 ** j for j in range(max(T - W, 0).bit_length()) for _ in range(idx.shape[1])]
+    r = -(-W // S)
+    n_window = (r + 1) * S                       # window key columns per block
     for t in range(T):
         b, i = divmod(t, S)
-        row = mask[0, b, i, W + S:]
-        used = sorted(round(math.exp(m)) for m in row.tolist() if m > -math.inf)
-        assert used == sorted(z for _, z in helix_clusters(max(t - W + 1, 0)))
-        assert int((mask[0, b, i, :W + S] == 0).sum()) == min(t + 1, W)
+        row, n = mask[0, b, i], max(t - W + 1, 0)
+        pos = (b - r) * S + torch.arange(n_window)
+        exact = (pos <= t) & (pos > t - W) & (pos >= 0)
+        allowed = row[:n_window] == 0
+        assert torch.equal(allowed & exact, exact) and (row[:n_window][~allowed] == -math.inf).all()
+        extra = pos[allowed & ~exact].tolist()   # the size-1 cluster: token t-W, present iff n is odd
+        assert extra == ([t - W] if n % 2 else [])
+        levels = [round(m / math.log(2)) for m in row[n_window:].tolist() if m > -math.inf] + [0] * len(extra)
+        assert sorted(levels) == sorted(z.bit_length() - 1 for _, z in helix_clusters(n))
 
 
 def test_causality_each_position():
@@ -111,13 +116,23 @@ def test_bf16():
 def test_compile_matches_eager():
     torch._dynamo.reset()
     f = torch.compile(helix_attention)
-    for T in (100, 157):                         # a second length: recompiles (or goes dynamic) and stays right
-        q, k, v = (x.requires_grad_() for x in _qkv(2, 2, T, 16))
-        out = f(q, k, v, 16)
-        torch.testing.assert_close(out, helix_attention(q, k, v, 16), rtol=1e-5, atol=1e-5)
-        got = torch.autograd.grad(out.square().sum(), (q, k, v))
-        want = torch.autograd.grad(helix_attention(q, k, v, 16).square().sum(), (q, k, v))
-        for g, e in zip(got, want): torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
+    q, k, v = (x.requires_grad_() for x in _qkv(2, 2, 100, 16))
+    out = f(q, k, v, 16)
+    torch.testing.assert_close(out, helix_attention(q, k, v, 16), rtol=1e-5, atol=1e-5)
+    got = torch.autograd.grad(out.square().sum(), (q, k, v))
+    want = torch.autograd.grad(helix_attention(q, k, v, 16).square().sum(), (q, k, v))
+    for g, e in zip(got, want): torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
+    with torch.no_grad():                        # a second length recompiles (or goes dynamic) and stays right
+        q, k, v = _qkv(2, 2, 157, 16)
+        torch.testing.assert_close(f(q, k, v, 16), helix_attention(q, k, v, 16), rtol=1e-5, atol=1e-5)
+
+
+def test_cached_mask_survives_inference_mode():
+    q, k, v = _qkv(1, 1, 77, 8)
+    with torch.inference_mode(): helix_attention(q, k, v, 8)      # the first call builds and caches the mask
+    q = q.clone().requires_grad_()
+    helix_attention(q, k, v, 8).sum().backward()                   # autograd saves it: must not be an inference tensor
+    assert q.grad.abs().sum() > 0
 
 
 def test_compiled_step_matches_eager():
