@@ -280,3 +280,21 @@ def test_activation_estimate_matches_the_real_model(name, seq_len, precision):
     a = activation_bytes(cfg, seq_len, precision)
     estimate = cfg.n_layers * a['layer'] + a['head'] - 4 * cfg.vocab_size   # hooks cannot see the logits' gradient
     assert measured / estimate == pytest.approx(1, abs=0.1), (measured, estimate)
+
+
+def test_sizing_notebook_explorer_in_a_real_kernel(tmp_path):
+    """Outside papermill (here nbclient, as JupyterLab would) the explorer is shown and draws into its Output widgets."""
+    import nbformat
+    from nbclient import NotebookClient
+    nb = nbformat.read(ROOT / 'nbs' / 'sizing.ipynb', as_version=4)
+    params = nb.cells[0]
+    assert 'parameters' in params.metadata.get('tags', [])
+    params.source += f"\nout_dir = {str(tmp_path)!r}\npreset = 'a100'\ngpu = 'a100'"
+    NotebookClient(nb, kernel_name='python3', timeout=300, store_widget_state=True,
+                   resources={'metadata': {'path': str(ROOT / 'nbs')}}).execute()
+    state = nb.metadata['widgets']['application/vnd.jupyter.widget-state+json']['state']
+    outputs = [o for m in state.values() if m['model_name'] == 'OutputModel' for o in m['state'].get('outputs', [])]
+    assert any('text/html' in o.get('data', {}) and '533,271,748' in o['data']['text/html'] for o in outputs)  # a100 table
+    assert any('image/png' in o.get('data', {}) for o in outputs)                                             # the plot
+    shown = [o for c in nb.cells if c.cell_type == 'code' for o in c.get('outputs', [])]
+    assert any('application/vnd.jupyter.widget-view+json' in o.get('data', {}) for o in shown)
