@@ -108,7 +108,7 @@ def dense_flops_per_token(model:DenseDecoder, seq_len:int) -> float:
     matmul = sum(p.numel() for p in model.parameters() if p.dim() == 2)  # tied: the embedding is the lm_head matmul
     return 6 * matmul + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * (seq_len + 1) / 2
 
-# %% ../nbs/12_bench.ipynb #e2670e12
+# %% ../nbs/12_bench.ipynb #7fd1523b
 def step_throughput(model:nn.Module, # returns `.loss` (or a loss tensor) for `model(input_ids=, labels=)`
                     batch_size:int, seq_len:int,
                     precision:str='fp32', # 'fp32' or 'bf16' (CPU autocast; fp32 master weights)
@@ -120,6 +120,7 @@ def step_throughput(model:nn.Module, # returns `.loss` (or a loss tensor) for `m
     x = torch.randint(0, vocab, (batch_size, seq_len), generator=torch.Generator().manual_seed(seed))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
     fwd = torch.compile(model) if compile else model
+    if compile: warmup = max(warmup, 3)  # compilation, and a possible recompile with dynamic shapes, stay untimed
     update_bias = getattr(model, 'update_router_bias', None)
     kw = dict(return_logits=loss == 'plain')
     def step():
@@ -289,7 +290,7 @@ def run_bench(quick:bool=False, # small shapes and few repetitions (a test's < 6
     res['meta']['seconds'] = time.perf_counter() - t0
     return res
 
-# %% ../nbs/12_bench.ipynb #5c33b8a7
+# %% ../nbs/12_bench.ipynb #caafda9f
 _TITLES = dict(step='Training step (forward + backward + AdamW), eager: hybrid FSIEdgeModel vs dense baseline (target ratio >= 0.8)',
                options='Step options (hybrid and dense): compile, loss, precision',
                helix='Helix parallel vs per-token loop, forward (targets: >= 10x at 512, >= 25x at 2048; flat us/token = linear)',
@@ -315,6 +316,7 @@ def main(argv=None):
     ap.add_argument('--data-dir', help="prepared data for the loop table (default: settings.ini's data_dir)")
     args = ap.parse_args(argv)
     only = [t.strip() for t in args.only.split(',') if t.strip()]
+    if set(only) - set(TABLES): ap.error(f"unknown table(s) {sorted(set(only) - set(TABLES))}. Fix: choose from {','.join(TABLES)}.")
     res = run_bench(args.quick, only, args.data_dir, log=lambda s: print(s, file=sys.stderr))
     print(format_report(res))
     if args.json:

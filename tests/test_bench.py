@@ -1,0 +1,43 @@
+"`python -m fsi_nb.bench --quick --json` runs end to end and reports every table; it never asserts a speed."
+import json, math, subprocess, sys
+
+from fsi_nb.bench import _TITLES
+
+COLUMNS = dict(  # what each table must report
+    step=('hybrid_tokens_per_sec', 'dense_tokens_per_sec', 'ratio', 'hybrid_mfu', 'dense_mfu'),
+    options=('hybrid_tokens_per_sec', 'dense_tokens_per_sec', 'ratio', 'hybrid_mfu', 'dense_mfu'),
+    helix=('parallel_ms', 'loop_ms', 'speedup', 'parallel_us_per_token', 'loop_us_per_token'),
+    moe=('moe_tokens_per_sec', 'dense_tokens_per_sec', 'ratio'),
+    loop=('compute_ms', 'data_ms', 'log_ms_amortized', 'checkpoint_ms_amortized', 'step_ms', 'overhead'))
+
+def _bench(*args, tmp_path):
+    return subprocess.run([sys.executable, '-m', 'fsi_nb.bench', *args], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+
+def _numbers(x):
+    if isinstance(x, dict): x = list(x.values())
+    if isinstance(x, list):
+        for v in x: yield from _numbers(v)
+    elif isinstance(x, (int, float)) and not isinstance(x, bool): yield x
+
+def test_quick_json_has_every_table(tmp_path, prepared_data):
+    out = tmp_path/'bench.json'
+    r = _bench('--quick', '--json', str(out), '--data-dir', str(prepared_data), tmp_path=tmp_path)
+    assert r.returncode == 0, r.stderr[-4000:]
+    res = json.loads(out.read_text())
+    assert res['meta']['quick'] is True and res['meta']['threads'] >= 1
+    assert res['ceiling']['fp32_gflops'] > 0 and res['ceiling']['bf16_gflops'] > 0
+    for table, cols in COLUMNS.items():
+        assert res.get(table), f'table {table!r} missing or empty'
+        for row in res[table]:
+            missing = [c for c in cols if c not in row]
+            assert not missing, f'{table} row lacks {missing}: {row}'
+        assert _TITLES[table] in r.stdout, f'{table} not printed'
+    rows = {(row['preset'].split()[0], row['precision']) for row in res['step']}
+    assert rows == {(p, q) for p in ('tiny', 'small', 'med', 'h100-cpu') for q in ('fp32', 'bf16')}
+    bad = [v for v in _numbers(res) if not (math.isfinite(v) and v > 0)]
+    assert not bad, f'non-positive or non-finite numbers: {bad}'
+    assert 'Matmul ceiling' in r.stdout and 'MFU' in r.stdout
+
+def test_unknown_table_names_the_fix(tmp_path):
+    r = _bench('--only', 'step,warp', tmp_path=tmp_path)
+    assert r.returncode != 0 and 'warp' in r.stderr and 'Fix:' in r.stderr
