@@ -21,13 +21,14 @@ def _glu(x13):
     a, b = x13.chunk(2, dim=-1)
     return F.silu(a) * b
 
-# %% ../nbs/07_moe.ipynb #62e553e9
+# %% ../nbs/07_moe.ipynb #6a9c025c
 @torch.compiler.disable
 def _experts_loop(xs, dest, gates, counts, w13, w2, y_pop):
     "Add expert e's gated SwiGLU of its rows of `xs` into `y_pop[dest]`, for each expert's contiguous slice of pairs."
     sizes = counts.tolist()
-    for e, (xe, de, ge) in enumerate(zip(xs.split(sizes), dest.split(sizes), gates.split(sizes))):
-        y_pop.index_add_(0, de, ((_glu(xe @ w13[e]) * ge) @ w2[e]).to(y_pop.dtype))
+    # unbind, not w13[e]: indexing one expert per step would cost a full-size zero gradient per expert in backward
+    for xe, de, ge, w13e, w2e in zip(xs.split(sizes), dest.split(sizes), gates.split(sizes), w13.unbind(0), w2.unbind(0)):
+        y_pop.index_add_(0, de, ((_glu(xe @ w13e) * ge) @ w2e).to(y_pop.dtype))
     return y_pop
 
 def _experts_grouped(xs, dest, gates, counts, w13, w2, y_pop, dtype):
@@ -36,7 +37,7 @@ def _experts_grouped(xs, dest, gates, counts, w13, w2, y_pop, dtype):
     hid = (_glu(torch._grouped_mm(xs.to(dtype), w13.to(dtype), offs=offs)) * gates).to(dtype)
     return y_pop.index_add(0, dest, torch._grouped_mm(hid, w2.to(dtype), offs=offs).to(y_pop.dtype))
 
-# %% ../nbs/07_moe.ipynb #02a4352c
+# %% ../nbs/07_moe.ipynb #12c1f936
 class MoEFFN(nn.Module):
     "Shared + routed SwiGLU experts in populations; sigmoid router with loss-free bias balancing; dropless sorted dispatch."
     def __init__(self, cfg:FSIEdgeConfig, # an MoE config (`n_routed > 0`)
@@ -46,9 +47,13 @@ class MoEFFN(nn.Module):
             raise ValueError(f"MoEFFN needs routed experts but n_routed={cfg.n_routed}. Fix: set n_routed, top_k and expert_d_ff, or use a dense SwiGLU.")
         if dispatch not in ('auto', 'loop', 'grouped'):
             raise ValueError(f"dispatch={dispatch!r} is unknown. Fix: use 'auto', 'loop' or 'grouped'.")
+        if dispatch == 'grouped' and not hasattr(torch, '_grouped_mm'):
+            raise ValueError(f"dispatch='grouped' needs torch._grouped_mm, which torch {torch.__version__} lacks. Fix: use 'loop', or torch >= 2.8.")
         d, f, e, s = cfg.d_model, cfg.expert_d_ff, cfg.n_routed, cfg.n_shared
         self.n_routed, self.n_shared, self.top_k, self.n_populations = e, s, cfg.top_k, cfg.n_populations
         self.router_bias_rate, self.dispatch = cfg.router_bias_rate, dispatch
+        # grouped_mm wants 16-byte rows (bf16: multiples of 8); 'auto' falls back to the loop otherwise
+        self._can_group = hasattr(torch, '_grouped_mm') and d % 8 == 0 and f % 8 == 0
         self.router = nn.Linear(d, e, bias=False)
         stacked = lambda n, a, b: nn.Parameter(torch.empty(n, a, b)) if n else None  # no empty parameters
         self.shared_w1, self.shared_w3, self.shared_w2 = stacked(s, d, f), stacked(s, d, f), stacked(s, f, d)
@@ -97,11 +102,11 @@ class MoEFFN(nn.Module):
         dest = token * p + expert[order] // (self.n_routed // p)   # ... and its (token, population) output row
         counts = expert.new_zeros(self.n_routed).index_add_(0, expert, torch.ones_like(expert))  # pairs per expert (static shape, unlike bincount)
         dtype = self._compute_dtype(x)
-        grouped = self.dispatch == 'grouped' or (self.dispatch == 'auto' and x.is_cuda and dtype == torch.bfloat16)
+        grouped = self.dispatch == 'grouped' or (self.dispatch == 'auto' and self._can_group and x.is_cuda and dtype == torch.bfloat16)
         w13 = torch.cat([self.routed_w1, self.routed_w3], dim=-1)  # (n_routed, d_model, 2*expert_d_ff)
         # the populations' outputs stay apart (rows token*p + population) for the orthogonality term
         y_pop = torch.zeros(n * p, d, device=x.device, dtype=torch.promote_types(dtype, torch.float32))
-        args = (h[token], dest, gates.reshape(-1, 1)[order], counts, w13, self.routed_w2, y_pop)
+        args = (h.index_select(0, token), dest, gates.reshape(-1, 1)[order], counts, w13, self.routed_w2, y_pop)
         y_pop = (_experts_grouped(*args, dtype) if grouped else _experts_loop(*args)).view(n, p, d)
         y = y_pop.sum(1)
         if self.n_shared:  # n_shared SwiGLUs summed == one SwiGLU over their hidden units side by side
