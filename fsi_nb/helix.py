@@ -76,7 +76,7 @@ def _cached_helix_mask(*args):
 
 def _block_size(W): return -(-W // -(-W // 32))              # <= 32, splitting the window into equal blocks
 
-# %% ../nbs/05_helix.ipynb #d5b9876b
+# %% ../nbs/05_helix.ipynb #4341ff23
 def helix_attention(q:torch.Tensor, # (B, H, T, D) queries, RoPE'd and QK-normed
                     k:torch.Tensor, # (B, H, T, D) keys (GQA already expanded)
                     v:torch.Tensor, # (B, H, T, D) values
@@ -86,6 +86,7 @@ def helix_attention(q:torch.Tensor, # (B, H, T, D) queries, RoPE'd and QK-normed
     "Helix attention, parallel training form: exact window + dyadic cluster summaries, one softmax, linear in T."
     B, H, T, D = q.shape
     W = window_size
+    if W < 1: raise ValueError(f"window_size={W}: must be >= 1. Fix: pass the config's window_size (FSIEdgeConfig validates it).")
     S = block_size or _block_size(W)
     nb, n_old, r = -(-T // S), max(T - W, 0), -(-W // S)
     idx, mask = (_helix_mask if torch.compiler.is_compiling() else _cached_helix_mask)(T, W, S, q.device, q.dtype)
@@ -97,12 +98,13 @@ def helix_attention(q:torch.Tensor, # (B, H, T, D) queries, RoPE'd and QK-normed
     out = F.scaled_dot_product_attention(queries, block_keys(k), block_keys(v), attn_mask=mask)
     return out.view(B, H, nb * S, D)[:, :, :T]
 
-# %% ../nbs/05_helix.ipynb #a998d998
+# %% ../nbs/05_helix.ipynb #5f3745ae
 class HelixCache:
     "Streaming Helix state for generation: a ring buffer of the window and one cluster slot per power of two."
     def __init__(self, batch:int, heads:int, head_dim:int, window_size:int,
                  max_len:int=2**20, # longest context the slots can count to
                  device=None, dtype=torch.float32):
+        if window_size < 1: raise ValueError(f"window_size={window_size}: must be >= 1. Fix: pass the config's window_size.")
         self.window_size, self.levels = window_size, math.ceil(math.log2(max(max_len, 2))) + 1
         self.ring = torch.zeros(2, batch, heads, window_size, head_dim, device=device, dtype=dtype)  # k, v by t % W
         self.slots = torch.zeros(2, batch, heads, self.levels, head_dim, device=device, dtype=dtype) # mean k, v of 2**j
@@ -146,12 +148,15 @@ class HelixCache:
 
     def prefill(self, q:torch.Tensor, k:torch.Tensor, v:torch.Tensor # (B, H, T, D) a whole prompt
                ) -> torch.Tensor: # (B, H, T, D)
-        "Run a prompt in the parallel form and load the state it leaves (for a fresh cache)."
+        "Run a prompt in the parallel form and load the state it leaves (the cache starts over at position 0)."
         T, W = q.shape[2], self.window_size
-        self.reset()
         n = max(T - W, 0)
+        if n >= 2 ** self.levels:
+            raise ValueError(f"prefill of {T} tokens: more than this cache counts. Fix: HelixCache(..., max_len={T}).")
+        self.reset()
         kv = torch.stack([k, v]).to(self.ring.dtype)
-        for p in range(max(T - W, 0), T): self.ring[:, :, :, p % W] = kv[:, :, :, p]
+        recent = torch.arange(n, T, device=self.pos.device)
+        self.ring.index_copy_(3, recent % W, kv[:, :, :, n:])  # token p lives in ring slot p % W
         levels = _pyramid(kv.flatten(0, 1)[:, :, :n])
         for j in range(n.bit_length()):
             if n >> j & 1: self.slots[:, :, :, j] = levels[j][:, :, (n >> (j + 1)) * 2].unflatten(0, (2, -1))
