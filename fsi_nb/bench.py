@@ -21,7 +21,7 @@ from .train import make_optimizer, train
 # %% auto #0
 __all__ = ['TABLES', 'median_time', 'matmul_ceiling', 'DenseAttention', 'DenseBlock', 'DenseDecoder', 'dense_flops_per_token',
            'step_throughput', 'cpu_moe_config', 'active_d_ff', 'step_rows', 'default_loss', 'bench_step',
-           'bench_options', 'bench_helix', 'bench_moe', 'bench_loop', 'run_bench', 'format_report', 'main']
+           'bench_options', 'bench_helix', 'bench_moe', 'bench_loop', 'run_bench', 'format_report', 'summary', 'main']
 
 # %% ../nbs/12_bench.ipynb #ff02d4bf
 def median_time(fn, # called with no arguments
@@ -229,7 +229,7 @@ def bench_moe(cfg:FSIEdgeConfig|None=None, # an MoE config; default `cpu_moe_con
                          moe_tokens_per_sec=moe_tps, dense_tokens_per_sec=dense_tps, ratio=moe_tps / dense_tps))
     return rows
 
-# %% ../nbs/12_bench.ipynb #9563e77b
+# %% ../nbs/12_bench.ipynb #f9df0b39
 def bench_loop(presets=('tiny', 'med'), # CPU presets to train briefly
                steps:int=10, # optimizer steps per run (fresh runs in a temporary runs_dir)
                data_dir=None, # prepared data; None: settings.ini's data_dir (`train` prepares it if missing)
@@ -240,7 +240,8 @@ def bench_loop(presets=('tiny', 'med'), # CPU presets to train briefly
     with tempfile.TemporaryDirectory() as runs_dir:
         for name in presets:
             r = train(name, run_name=f'bench-{name}', resume=False, progress=False, settings=settings, data_dir=data_dir,
-                      runs_dir=runs_dir, max_steps=steps, save_interval=steps, **overrides)  # one checkpoint, at the end
+                      runs_dir=runs_dir, threads=torch.get_num_threads(), max_steps=steps,
+                      save_interval=steps, **overrides)  # one checkpoint, at the end
             t, n_logs = r.timings, len((r.run_dir/'log.jsonl').read_text().splitlines())
             ms = lambda sec: sec / r.step * 1e3
             data, compute = ms(t['data']), ms(t['total'] - t['data'] - t['log'] - t['checkpoint'])
@@ -282,7 +283,7 @@ def run_bench(quick:bool=False, # small shapes and few repetitions (a test's < 6
     res['meta']['seconds'] = time.perf_counter() - t0
     return res
 
-# %% ../nbs/12_bench.ipynb #caafda9f
+# %% ../nbs/12_bench.ipynb #f11fe955
 _TITLES = dict(step='Training step (forward + backward + AdamW), eager: hybrid FSIEdgeModel vs dense baseline (target ratio >= 0.8)',
                options='Step options (hybrid and dense): compile, loss, precision',
                helix='Helix parallel vs per-token loop, forward (targets: >= 10x at 512, >= 25x at 2048; flat us/token = linear)',
@@ -297,16 +298,37 @@ def format_report(res:dict) -> str:
              f"bf16 {c['bf16_gflops']:.1f} GFLOP/s -- MFU below is against these, by precision"]
     for t in TABLES:
         if t in res: lines += ['', _TITLES[t], pd.DataFrame(res[t]).to_string(index=False, float_format=lambda v: f'{v:.4g}')]
+    return '\n'.join(lines + ['', 'Targets', summary(res)])
+
+def summary(res:dict) -> str:
+    "One line per target: the measured figures and whether each meets it."
+    ok = lambda good: 'met' if good else 'MISSED'
+    lines = []
+    if 'step' in res: lines += [f"hybrid/dense step tokens/s (target >= 0.8): " + ', '.join(
+        f"{r['preset']} {r['precision']} {r['ratio']:.2f} {ok(r['ratio'] >= 0.8)}" for r in res['step'])]
+    if 'options' in res:
+        for name in dict.fromkeys(r['preset'] for r in res['options']):
+            d, b = (next(r for r in res['options'] if r['preset'] == name and w in r['note'].split()) for w in ('default', 'fastest'))
+            opt = lambda r: f"{'compiled' if r['compile'] else 'eager'} {r['precision']} {r['loss']} loss"
+            lines += [f"{name}: fastest {opt(b)} {b['hybrid_tokens_per_sec']:.0f} tok/s (loss {b['hybrid_last_loss']:.4f}); "
+                      f"default {opt(d)} {d['hybrid_tokens_per_sec']:.0f} tok/s (loss {d['hybrid_last_loss']:.4f})"]
+    if 'helix' in res: lines += ['Helix parallel vs loop (targets 10x at 512, 25x at 2048): ' + ', '.join(
+        f"T={r['seq_len']} {r['speedup']:.1f}x" + (f" {ok(r['speedup'] >= {512: 10, 2048: 25}[r['seq_len']])}" if r['seq_len'] in (512, 2048) else '')
+        for r in res['helix'])]
+    if 'moe' in res: lines += ['MoE/dense-active (target >= 0.6): ' + ', '.join(f"{r['precision']} {r['ratio']:.2f} {ok(r['ratio'] >= 0.6)}" for r in res['moe'])]
+    if 'loop' in res: lines += ['train loop overhead (target <= 5%): ' + ', '.join(f"{r['preset']} {r['overhead']:.1%} {ok(r['overhead'] <= 0.05)}" for r in res['loop'])]
     return '\n'.join(lines)
 
 def main(argv=None):
-    "`python -m fsi_nb.bench [--quick] [--json out.json] [--only step,helix,...]`"
+    "`python -m fsi_nb.bench [--quick] [--json out.json] [--only step,helix,...] [--data-dir D] [--threads N]`"
     ap = argparse.ArgumentParser(prog='python -m fsi_nb.bench', description=main.__doc__)
     ap.add_argument('--quick', action='store_true', help='small shapes, few repetitions (< 60 s)')
     ap.add_argument('--json', help='also write the results to this JSON file')
     ap.add_argument('--only', default=','.join(TABLES), help=f'comma-separated tables from {",".join(TABLES)}')
     ap.add_argument('--data-dir', help="prepared data for the loop table (default: settings.ini's data_dir)")
+    ap.add_argument('--threads', type=int, help="torch threads (default: torch's, usually all cores)")
     args = ap.parse_args(argv)
+    if args.threads: torch.set_num_threads(args.threads)
     only = [t.strip() for t in args.only.split(',') if t.strip()]
     if set(only) - set(TABLES): ap.error(f"unknown table(s) {sorted(set(only) - set(TABLES))}. Fix: choose from {','.join(TABLES)}.")
     res = run_bench(args.quick, only, args.data_dir, log=lambda s: print(s, file=sys.stderr))
