@@ -123,7 +123,7 @@ def fig_png(fig:Figure, path=None, dpi:int=90) -> bytes:
         tmp = Path(str(path) + '.tmp'); tmp.write_bytes(data); os.replace(tmp, path)
     return data
 
-# %% ../nbs/10_dashboard.ipynb #ce45e382
+# %% ../nbs/10_dashboard.ipynb #1e57206a
 def _headless_parent() -> bool:
     "True when a notebook runner (papermill, nbconvert, nbclient, execnb) started this kernel."
     pid = os.getpid()
@@ -164,6 +164,7 @@ class Dashboard:
         self.live = has_widget_frontend() if live is None else live
         self.redraw_s, self.png_s, self.print_s = redraw_s, png_s, print_s
         self._drawn = self._png = self._printed = 0.0
+        self._printed_step = None
         self._w = None
 
     def _widgets(self):
@@ -193,8 +194,9 @@ class Dashboard:
                 if rf is not None: self._w['routing'].value = fig_png(rf)
                 self._drawn = time.monotonic()
         else:
-            if force or now - self._printed >= self.print_s:
-                print(line, flush=True); self._printed = now
+            step = self.records[-1].get('step')
+            if step != self._printed_step and (force or now - self._printed >= self.print_s):
+                print(line, flush=True); self._printed, self._printed_step = now, step
             if force or now - self._png >= self.png_s:
                 self.save_pngs(); self._png = time.monotonic()
 

@@ -350,7 +350,7 @@ def _zero_expert_load(model):
     for mod in model.modules():
         if isinstance(getattr(mod, 'expert_load', None), torch.Tensor): mod.expert_load.zero_()
 
-# %% ../nbs/09_train.ipynb #6f58ca90
+# %% ../nbs/09_train.ipynb #9255026a
 def _check_resume(ck, spec, tok_sha, man_sha, path, data_dir):
     "Refuse to continue a checkpoint on other data or another architecture; warn about changed training numbers."
     if ck.get('tokenizer_sha256') != tok_sha or ck.get('manifest_sha256') != man_sha:
@@ -390,8 +390,8 @@ def train(preset:str='tiny',          # a name in `fsi_nb.config.PRESETS`
         raise ValueError(f"{run_dir} already has checkpoints and resume=False. Fix: resume=True to continue it, "
                          "another run_name for a new run, or delete that folder.")
     data_dir = spec.data_dir
-    if (data_dir/'manifest.json').exists(): ensure_prepared(data_dir)   # verifies the manifest, returns at once
-    else: ensure_prepared(data_dir, sources=spec.settings.corpus_sources, extra_code=spec.settings.extra_code, progress=progress)
+    if not (data_dir/'manifest.json').exists():   # prepare once; the batcher below verifies the shards either way
+        ensure_prepared(data_dir, sources=spec.settings.corpus_sources, extra_code=spec.settings.extra_code, progress=progress)
     batchers = {s: Batcher(data_dir, 'train', seed=t.seed, stage=s, max_steps=t.max_steps, verify=i == 0)  # shard hashes once
                 for i, s in enumerate(t.stages)}
     b0 = batchers[t.stages[0]]
@@ -419,9 +419,9 @@ def train(preset:str='tiny',          # a name in `fsi_nb.config.PRESETS`
         set_rng_state(ck['rng'])
         step, tokens, elapsed0, bad_steps, last_loss = ck['step'], ck['token_offset'], ck['elapsed_seconds'], ck['bad_steps'], ck['loss']
         window.extend(ck['loss_window'])
-        _truncate_log(log_path, step)
         print(f'resuming {spec.run_name} from {ckpt_path} (step {step})', file=sys.stderr)
     run_dir.mkdir(parents=True, exist_ok=True)
+    _truncate_log(log_path, step)   # steps from here on are trained again (all of them when no checkpoint survived)
     info = dict(preset=spec.preset, run_name=spec.run_name, smoke=smoke, total_steps=spec.total_steps,
                 model=config_to_dict(m), train=config_to_dict(t), overrides={k: str(v) for k, v in spec.overrides.items()},
                 settings={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(spec.settings).items()},

@@ -1,0 +1,204 @@
+"""The training loop as a user runs it: `python -m fsi_nb.train` subprocesses killed with -9, stopped with SIGTERM and
+SIGINT, fed NaN losses, given corrupted checkpoints and a full disk. A tiny-shrunk model keeps each run to seconds."""
+import json, math, os, random, shutil, signal, subprocess, sys, textwrap, time
+from pathlib import Path
+
+import pytest, torch
+
+from fsi_nb.train import checkpoint_path, latest_valid_checkpoint, list_checkpoints, load_checkpoint
+
+STEPS = 16
+ARGS = ['--preset', 'tiny', '--set', 'd_model=32', '--set', 'warmup_steps=2', '--batch-size', '2', '--seq-len', '32',
+        '--log-interval', '1', '--save-interval', '3', '--threads', '1', '--no-progress']
+
+def cli(data, runs, name, *extra, env=None, **kw):
+    "Command line of a small run; `extra` are more flags."
+    return [sys.executable, '-m', 'fsi_nb.train', *ARGS, '--data-dir', str(data), '--runs-dir', str(runs), '--run-name', name,
+            '--max-steps', str(kw.get('steps', STEPS)), *extra]
+
+def run(cmd, env=None, **kw):
+    return subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=300, **kw)
+
+def records(run_dir):
+    return [json.loads(l) for l in (Path(run_dir)/'log.jsonl').read_text().splitlines()]
+
+def same_run(a, b):
+    "Every logged number of two runs equal (bit-exact floats), timing fields aside."
+    keys = ('step', 'loss', 'avg_loss', 'lr', 'grad_norm', 'tokens', 'seq_len', 'bad_steps')
+    return [{k: r[k] for k in keys} for r in a] == [{k: r[k] for k in keys} for r in b]
+
+def wait_for_steps(log, n, proc, timeout=120):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if log.exists() and len(log.read_text().splitlines()) >= n: return
+        assert proc.poll() is None, f'run ended before step {n}: {proc.returncode}'
+        time.sleep(0.005)
+    raise TimeoutError(f'no step {n} in {log} after {timeout}s')
+
+@pytest.fixture(scope='module')
+def reference(prepared_data, tmp_path_factory):
+    "One uninterrupted run: what every interrupted run must reproduce."
+    runs = tmp_path_factory.mktemp('ref')
+    r = run(cli(prepared_data, runs, 'ref'))
+    assert r.returncode == 0, r.stderr
+    recs = records(runs/'ref')
+    assert [x['step'] for x in recs] == list(range(STEPS))
+    assert recs[0]['loss'] > 10 and math.isfinite(recs[-1]['loss'])
+    return recs
+
+def test_kill_9_at_random_steps_then_resume_is_bit_exact(prepared_data, tmp_path, reference):
+    "kill -9 the same run three times at random steps (maybe mid-save); each resume continues exactly."
+    rng, log, resumed = random.Random(os.getpid()), tmp_path/'k'/'log.jsonl', []
+    for kill_at in sorted(rng.sample(range(2, STEPS - 1), 3)):
+        p = subprocess.Popen(cli(prepared_data, tmp_path, 'k'), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        wait_for_steps(log, kill_at, p)
+        time.sleep(rng.uniform(0, 0.05))
+        p.send_signal(signal.SIGKILL); p.wait()
+        resumed.append(p.stderr.read()); p.stderr.close()
+    r = run(cli(prepared_data, tmp_path, 'k'))
+    assert r.returncode == 0, r.stderr
+    assert 'resuming k from' in r.stderr
+    assert same_run(records(tmp_path/'k'), reference)
+    assert [x['step'] for x in records(tmp_path/'k')] == list(range(STEPS))   # one line per step, none repeated
+    st = json.loads((tmp_path/'k'/'status.json').read_text())
+    assert st['state'] == 'finished' and st['step'] == STEPS
+
+@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGINT])
+def test_signal_saves_a_checkpoint_and_exits_cleanly(prepared_data, tmp_path, reference, sig):
+    "Preemption (SIGTERM) or Ctrl-C (SIGINT): the last complete step is saved, the exit code says which signal."
+    p = subprocess.Popen(cli(prepared_data, tmp_path, 's', '--save-interval', '1000'), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    wait_for_steps(tmp_path/'s'/'log.jsonl', 4, p)
+    p.send_signal(sig)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 128 + sig, err
+    assert f'{signal.Signals(sig).name} received' in err
+    last = records(tmp_path/'s')[-1]['step']
+    ckpt = checkpoint_path(tmp_path/'s'/'checkpoints', last + 1)
+    assert list_checkpoints(tmp_path/'s'/'checkpoints') == [ckpt]          # no periodic save happened: this is the signal's
+    ck = load_checkpoint(ckpt)
+    assert ck['step'] == last + 1 and ck['token_offset'] == (last + 1) * 2 * 32
+    st = json.loads((tmp_path/'s'/'status.json').read_text())
+    assert st['state'] == 'signal' and json.loads(out.splitlines()[-1])['stopped'] == 'signal'
+    r = run(cli(prepared_data, tmp_path, 's', '--save-interval', '1000'))    # and it resumes to the same end
+    assert r.returncode == 0, r.stderr
+    assert same_run(records(tmp_path/'s'), reference)
+
+def test_damaged_checkpoints_are_skipped_with_reasons(prepared_data, tmp_path, reference):
+    r = run(cli(prepared_data, tmp_path, 'd'))
+    assert r.returncode == 0, r.stderr
+    ck = tmp_path/'d'/'checkpoints'
+    assert [p.name for p in list_checkpoints(ck)] == ['step_0000012.pt', 'step_0000015.pt', 'step_0000016.pt']
+    p16, p15 = checkpoint_path(ck, 16), checkpoint_path(ck, 15)
+    p16.write_bytes(p16.read_bytes()[:4096])                                # truncated by a crash
+    b = bytearray(p15.read_bytes()); b[len(b) // 3] ^= 0x10; p15.write_bytes(bytes(b))   # one flipped bit
+    r = run(cli(prepared_data, tmp_path, 'd'))
+    assert r.returncode == 0, r.stderr
+    assert f'skipping checkpoint {p16}' in r.stderr and f'skipping checkpoint {p15}' in r.stderr and 'mismatch' in r.stderr
+    assert 'resuming d from' in r.stderr and 'step_0000012.pt (step 12)' in r.stderr
+    assert same_run(records(tmp_path/'d'), reference)
+    assert latest_valid_checkpoint(ck)[0] == checkpoint_path(ck, 16)
+
+def _mount_tmpfs(path, size):
+    if os.geteuid() != 0: return False
+    path.mkdir()
+    return subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={size}', 'tmpfs', str(path)], capture_output=True).returncode == 0
+
+@pytest.mark.parametrize('how', ['file_size_limit', 'full_tmpfs'])
+def test_full_disk_during_a_save_keeps_the_previous_checkpoint(prepared_data, tmp_path, how):
+    "The machine dies after step 6 was saved; the resumed run's next save hits a full disk: clear error, step 6 intact."
+    r = run(cli(prepared_data, tmp_path, 'f', steps=9))
+    assert r.returncode == 0, r.stderr
+    ck = tmp_path/'f'/'checkpoints'
+    for s in (9,): checkpoint_path(ck, s).unlink(); checkpoint_path(ck, s).with_suffix('.pt.sha256').unlink()
+    size = checkpoint_path(ck, 6).stat().st_size
+    runs, preexec = tmp_path, None
+    if how == 'full_tmpfs':
+        mnt = tmp_path/'small'
+        if not _mount_tmpfs(mnt, f'{int(size * 1.5) // 4096 * 4096}'): pytest.skip('cannot mount a tmpfs here (not root / no CAP_SYS_ADMIN)')
+        for s in (3,): checkpoint_path(ck, s).unlink(); checkpoint_path(ck, s).with_suffix('.pt.sha256').unlink()
+        shutil.copytree(tmp_path/'f', mnt/'f'); runs = mnt
+    else:
+        def preexec():
+            import resource
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)            # EFBIG rather than a kill
+            resource.setrlimit(resource.RLIMIT_FSIZE, (size // 2, size // 2))
+    try:
+        r = subprocess.run(cli(prepared_data, runs, 'f', steps=9), capture_output=True, text=True, preexec_fn=preexec, timeout=300)
+        assert r.returncode == 4, (r.returncode, r.stderr[-2000:])
+        msg = r.stderr.splitlines()[-1]
+        assert msg.startswith('error: could not write checkpoint') and 'step_0000006.pt is intact' in msg and 'Fix:' in msg, msg
+        assert ('the disk is full' if how == 'full_tmpfs' else 'larger than this process may write') in msg
+        left = runs/'f'/'checkpoints'
+        assert [p.name for p in list_checkpoints(left)][-1] == 'step_0000006.pt' and not list(left.glob('*.tmp'))
+        assert latest_valid_checkpoint(left) == (checkpoint_path(left, 6), [])
+        assert load_checkpoint(checkpoint_path(left, 6))['step'] == 6
+    finally:
+        if how == 'full_tmpfs': subprocess.run(['umount', str(tmp_path/'small')])
+
+def test_nan_steps_are_skipped_and_a_run_of_them_stops_with_a_checkpoint(prepared_data, tmp_path):
+    r = run(cli(prepared_data, tmp_path, 'one'), env=dict(FSI_NB_INJECT_NAN='5'))
+    assert r.returncode == 0, r.stderr
+    recs = records(tmp_path/'one')
+    assert 'step 5: loss nan' in r.stderr and 'step skipped' in r.stderr
+    assert math.isnan(recs[5]['loss']) and recs[-1]['bad_steps'] == 1 and math.isfinite(recs[-1]['avg_loss'])
+    assert recs[4]['bad_steps'] == 0 and recs[5]['bad_steps'] == 1
+
+    r = run(cli(prepared_data, tmp_path, 'many', '--set', 'max_bad_steps=4'), env=dict(FSI_NB_INJECT_NAN='6-100'))
+    assert r.returncode == 3, r.stderr
+    assert 'stopped after 4 non-finite steps in a row at step 10/16' in r.stderr and 'Fix:' in r.stderr
+    ck = load_checkpoint(checkpoint_path(tmp_path/'many'/'checkpoints', 10))
+    assert all(torch.isfinite(v).all() for v in ck['model'].values() if v.is_floating_point())
+    assert ck['bad_steps'] == 4 and json.loads((tmp_path/'many'/'status.json').read_text())['state'] == 'nan'
+    # the weights are those after step 5, the last good update: training is resumable from there
+    assert math.isfinite(ck['loss'])
+
+def test_resume_with_other_data_is_an_error(prepared_data, tmp_path):
+    data = tmp_path/'data'; shutil.copytree(prepared_data, data)
+    assert run(cli(data, tmp_path, 'm', steps=3)).returncode == 0
+    m = json.loads((data/'manifest.json').read_text()); m['note'] = 'another corpus'
+    (data/'manifest.json').write_text(json.dumps(m))
+    r = run(cli(data, tmp_path, 'm', steps=3))
+    assert r.returncode == 2 and 'another data manifest' in r.stderr and 'Fix:' in r.stderr, r.stderr
+
+def test_resume_false_refuses_to_overwrite_a_run(prepared_data, tmp_path):
+    assert run(cli(prepared_data, tmp_path, 'x', steps=3)).returncode == 0
+    r = run(cli(prepared_data, tmp_path, 'x', '--no-resume', steps=3))
+    assert r.returncode == 2 and 'already has checkpoints' in r.stderr and 'Fix:' in r.stderr
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='checks the no-GPU refusal')
+def test_gpu_preset_without_gpu_is_refused_at_once(tmp_path):
+    t0 = time.monotonic()
+    r = run([sys.executable, '-m', 'fsi_nb.train', '--preset', 'h100', '--runs-dir', str(tmp_path), '--data-dir', str(tmp_path/'none')])
+    assert r.returncode == 2 and "preset 'h100' needs a CUDA GPU" in r.stderr and 'smoke' in r.stderr and 'Fix:' in r.stderr
+    assert not (tmp_path/'none').exists() and time.monotonic() - t0 < 60     # refused before preparing or building anything
+
+SEED_SMOKE = '''
+import sys, os, torch, time
+os.environ['TOKENIZERS_PARALLELISM'] = 'false'
+sys.path.insert(0, '/FSI_Edge')
+torch.set_num_threads(8)
+from src.model import FSIEdgeModel, FSIEdgeConfig
+from src.data import CodeDataset, collate_fn
+from torch.utils.data import DataLoader
+from torch.optim import AdamW
+ds = CodeDataset('/FSI_Edge/data/train', '/FSI_Edge/fsi_edge_tokenizer', max_length=128)
+loader = DataLoader(ds, batch_size=1, shuffle=True, collate_fn=collate_fn)
+config = FSIEdgeConfig(d_model=64, n_layers=2, n_heads=4, kv_heads=2, d_ff=256, max_seq_len=128, window_size=32, local_heads=2, struct_heads=1, global_heads=1)
+model = FSIEdgeModel(config)
+opt = AdamW(model.parameters(), lr=3e-4)
+for step, batch in enumerate(loader):
+    if step >= 10: break
+    out = model(**{k:v.to('cpu') for k,v in batch.items()})
+    out.loss.backward(); opt.step(); opt.zero_grad()
+    print(f'step {step+1} loss {out.loss.item():.4f}')
+'''
+
+def test_the_seeds_quick_smoke_test_runs_with_only_imports_and_paths_changed(prepared_data):
+    "The CPU recipe's 'Quick smoke test', verbatim but for src.* -> fsi_nb.* and its two paths."
+    code = (SEED_SMOKE.replace('from src.model', 'from fsi_nb.model').replace('from src.data', 'from fsi_nb.data')
+            .replace("'/FSI_Edge/data/train'", repr(str(prepared_data))).replace("'/FSI_Edge/fsi_edge_tokenizer'", repr(str(prepared_data/'tokenizer'))))
+    r = run([sys.executable, '-c', code])
+    assert r.returncode == 0, r.stderr
+    losses = [float(l.split()[-1]) for l in r.stdout.splitlines() if l.startswith('step ')]
+    assert len(losses) == 10 and all(math.isfinite(x) for x in losses) and abs(losses[0] - math.log(32768)) < 0.3
