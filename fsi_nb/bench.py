@@ -35,14 +35,17 @@ def median_time(fn, # called with no arguments
         t0 = time.perf_counter(); fn(); times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
-# %% ../nbs/12_bench.ipynb #e0a291cd
-def matmul_ceiling(n:int=1024, # square matmul size
+# %% ../nbs/12_bench.ipynb #150ff119
+def matmul_ceiling(sizes=(512, 1024, 2048), # square matmul sizes tried; the best of each dtype is the ceiling
                    warmup:int=2, iters:int=5) -> dict:
-    "Measured GFLOP/s of an `n`x`n` matmul in fp32 and bf16 on this machine's current torch threads."
-    res = dict(threads=torch.get_num_threads(), n=n)
+    "Measured GFLOP/s of the fastest square matmul in fp32 and bf16 on this machine's current torch threads."
+    res = dict(threads=torch.get_num_threads())
     for name, dtype in (('fp32', torch.float32), ('bf16', torch.bfloat16)):
-        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-        res[f'{name}_gflops'] = 2 * n**3 / median_time(lambda: a @ b, warmup, iters) / 1e9
+        best = []
+        for n in sizes:
+            a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+            best.append((2 * n**3 / median_time(lambda: a @ b, warmup, iters) / 1e9, n))
+        res[f'{name}_gflops'], res[f'{name}_n'] = max(best)
     return res
 
 # %% ../nbs/12_bench.ipynb #472875af
@@ -253,7 +256,7 @@ def bench_loop(presets=('tiny', 'med'), # CPU presets to train briefly
                              tokens_per_sec=r.tokens_per_sec))
     return rows
 
-# %% ../nbs/12_bench.ipynb #f8f248c2
+# %% ../nbs/12_bench.ipynb #e8326f8a
 TABLES = ('step', 'options', 'helix', 'moe', 'loop')
 
 def _cpu_name():
@@ -270,7 +273,7 @@ def run_bench(quick:bool=False, # small shapes and few repetitions (a test's < 6
     t0 = time.perf_counter()
     res = dict(meta=dict(quick=quick, threads=torch.get_num_threads(), torch=torch.__version__, cpu=_cpu_name(),
                          python=platform.python_version()))
-    res['ceiling'] = matmul_ceiling(512 if quick else 1024, warmup=1 if quick else 2, iters=3 if quick else 7)
+    res['ceiling'] = matmul_ceiling((256, 512) if quick else (512, 1024, 2048), warmup=1 if quick else 2, iters=3 if quick else 7)
     reps = dict(warmup=1, iters=2) if quick else dict(warmup=2, iters=5)
     for t in (t for t in TABLES if t in only):
         log(f'[bench] {t} ...'); t1 = time.perf_counter()
@@ -283,7 +286,7 @@ def run_bench(quick:bool=False, # small shapes and few repetitions (a test's < 6
     res['meta']['seconds'] = time.perf_counter() - t0
     return res
 
-# %% ../nbs/12_bench.ipynb #f11fe955
+# %% ../nbs/12_bench.ipynb #38ac5119
 _TITLES = dict(step='Training step (forward + backward + AdamW), eager: hybrid FSIEdgeModel vs dense baseline (target ratio >= 0.8)',
                options='Step options (hybrid and dense): compile, loss, precision',
                helix='Helix parallel vs per-token loop, forward (targets: >= 10x at 512, >= 25x at 2048; flat us/token = linear)',
@@ -294,8 +297,8 @@ def format_report(res:dict) -> str:
     "The benchmark's tables as text."
     m, c = res['meta'], res['ceiling']
     lines = [f"fsi_nb.bench{' --quick (small shapes: not figures to quote)' if m['quick'] else ''}: torch {m['torch']}, {m['cpu']}, {m['threads']} threads",
-             f"Matmul ceiling (measured now, {c['n']}x{c['n']} matmul, {c['threads']} threads): fp32 {c['fp32_gflops']:.1f} GFLOP/s, "
-             f"bf16 {c['bf16_gflops']:.1f} GFLOP/s -- MFU below is against these, by precision"]
+             f"Matmul ceiling (measured now, best square matmul, {c['threads']} threads): fp32 {c['fp32_gflops']:.1f} GFLOP/s "
+             f"(n={c['fp32_n']}), bf16 {c['bf16_gflops']:.1f} GFLOP/s (n={c['bf16_n']}) -- MFU below is against these, by precision"]
     for t in TABLES:
         if t in res: lines += ['', _TITLES[t], pd.DataFrame(res[t]).to_string(index=False, float_format=lambda v: f'{v:.4g}')]
     return '\n'.join(lines + ['', 'Targets', summary(res)])
