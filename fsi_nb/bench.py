@@ -286,7 +286,7 @@ def run_bench(quick:bool=False, # small shapes and few repetitions (a test's < 6
     res['meta']['seconds'] = time.perf_counter() - t0
     return res
 
-# %% ../nbs/12_bench.ipynb #38ac5119
+# %% ../nbs/12_bench.ipynb #cebdf607
 _TITLES = dict(step='Training step (forward + backward + AdamW), eager: hybrid FSIEdgeModel vs dense baseline (target ratio >= 0.8)',
                options='Step options (hybrid and dense): compile, loss, precision',
                helix='Helix parallel vs per-token loop, forward (targets: >= 10x at 512, >= 25x at 2048; flat us/token = linear)',
@@ -324,7 +324,8 @@ def summary(res:dict) -> str:
 
 def main(argv=None):
     "`python -m fsi_nb.bench [--quick] [--json out.json] [--only step,helix,...] [--data-dir D] [--threads N]`"
-    ap = argparse.ArgumentParser(prog='python -m fsi_nb.bench', description=main.__doc__)
+    ap = argparse.ArgumentParser(prog='python -m fsi_nb.bench', description='Measure what the fsi_nb architecture costs on this '
+                                 'machine: step tokens/s and MFU against a dense baseline, Helix, MoE, the training loop.')
     ap.add_argument('--quick', action='store_true', help='small shapes, few repetitions (< 60 s)')
     ap.add_argument('--json', help='also write the results to this JSON file')
     ap.add_argument('--only', default=','.join(TABLES), help=f'comma-separated tables from {",".join(TABLES)}')
