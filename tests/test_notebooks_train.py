@@ -1,0 +1,66 @@
+"""`nbs/train.ipynb` and `nbs/eval.ipynb` end to end with papermill, as the README runs them: a tiny run, a GPU preset
+refused without a GPU, and that preset's CPU smoke test."""
+import json, math, subprocess, sys
+from pathlib import Path
+
+import pytest, torch
+
+NBS = Path(__file__).resolve().parents[1]/'nbs'
+
+def papermill(nb, out, *params):
+    cmd = [sys.executable, '-m', 'papermill', str(NBS/nb), str(out), '-k', 'python3', '--cwd', str(NBS), '--log-level', 'WARNING']
+    for k, v in params: cmd += ['-p', k, str(v)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+
+def outputs(nb_path):
+    "(text of all outputs, number of image/png outputs, MIME types seen)."
+    nb, texts, pngs, mimes = json.loads(Path(nb_path).read_text()), [], 0, set()
+    for c in nb['cells']:
+        for o in c.get('outputs', []):
+            if o['output_type'] == 'stream': texts.append(''.join(o['text']))
+            if o['output_type'] == 'error': texts.append(o['ename'] + ': ' + o['evalue'])
+            d = o.get('data', {})
+            mimes.update(d)
+            if 'image/png' in d: pngs += 1
+            if 'text/plain' in d: texts.append(''.join(d['text/plain']))
+    return '\n'.join(texts), pngs, mimes
+
+def test_train_then_eval_tiny(prepared_data, tmp_path):
+    out = tmp_path/'train-tiny.ipynb'
+    r = papermill('train.ipynb', out, ('preset', 'tiny'), ('max_steps', 8), ('data_dir', prepared_data), ('runs_dir', tmp_path),
+                  ('run_name', 'pm'), ('eval_batches', 2), ('max_new_tokens', 8))
+    assert r.returncode == 0, r.stderr[-3000:]
+    text, pngs, mimes = outputs(out)
+    assert pngs >= 1 and 'application/vnd.jupyter.widget-view+json' not in mimes     # a real image, no widget state
+    assert 'step 0/8  loss' in text and 'step 7/8' in text                           # the dashboard's log lines
+    assert 'finished 8/8 steps' in text and 'validation loss' in text and 'random init (ceiling)' in text
+    recs = [json.loads(l) for l in (tmp_path/'pm'/'log.jsonl').read_text().splitlines()]
+    assert recs[-1]['step'] == 7 and abs(recs[0]['loss'] - math.log(32768)) < 0.1
+    assert (tmp_path/'pm'/'training.png').exists() and (tmp_path/'pm'/'checkpoints'/'step_0000008.pt').exists()
+
+    out = tmp_path/'eval-tiny.ipynb'
+    r = papermill('eval.ipynb', out, ('run_name', 'pm'), ('runs_dir', tmp_path), ('val_batches', 2), ('max_new_tokens', 8))
+    assert r.returncode == 0, r.stderr[-3000:]
+    text, pngs, _ = outputs(out)
+    assert pngs >= 1 and 'validation_loss' in text and 'step_0000008.pt' in text and 'def fibonacci(n):' in text
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='checks the no-GPU refusal')
+def test_gpu_preset_without_gpu_stops_in_the_first_cell(tmp_path):
+    out = tmp_path/'h100.ipynb'
+    r = papermill('train.ipynb', out, ('preset', 'h100'), ('runs_dir', tmp_path), ('data_dir', tmp_path/'data'))
+    assert r.returncode != 0
+    assert 'NeedsGPUError' in r.stderr and "preset 'h100' needs a CUDA GPU" in r.stderr and '-p smoke True' in r.stderr
+    text, _, _ = outputs(out)
+    assert 'Fix:' in text and not (tmp_path/'data').exists()    # nothing was prepared or trained
+
+def test_gpu_preset_smoke_passes_on_the_cpu(prepared_data, tmp_path):
+    out = tmp_path/'h100-smoke.ipynb'
+    r = papermill('train.ipynb', out, ('preset', 'h100'), ('smoke', True), ('data_dir', prepared_data), ('runs_dir', tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    text, pngs, _ = outputs(out)
+    assert 'finished 2/2 steps' in text and pngs >= 2          # training curves + routing health (MoE)
+    recs = [json.loads(l) for l in (tmp_path/'h100-smoke'/'log.jsonl').read_text().splitlines()]
+    assert [x['step'] for x in recs] == [0, 1] and all(math.isfinite(x['loss']) for x in recs)
+    assert len(recs[0]['routing']['load']) == 12 and len(recs[0]['routing']['load'][0]) == 32    # the real architecture
+    cfg = json.loads((tmp_path/'h100-smoke'/'config.json').read_text())
+    assert cfg['smoke'] and cfg['model']['d_model'] == 512 and cfg['train']['batch_size'] == 1 and cfg['device'] == 'cpu'
