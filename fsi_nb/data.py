@@ -491,7 +491,7 @@ def _permutations(num_perm): return MinHash(num_perm=num_perm, seed=1, scheme='a
 
 def _minhash(hv): return MinHash(num_perm=len(hv), seed=1, hashvalues=hv, scheme='affine32', permutations=_permutations(len(hv)))
 
-# %% ../nbs/03_data.ipynb #f8db6003
+# %% ../nbs/03_data.ipynb #dab6d114
 FILTER_STAGES = ('read', 'dedup', 'quality', 'heuristic', 'grounding')
 
 def _analyze(doc:Doc, max_file_bytes:int) -> dict:
@@ -514,7 +514,7 @@ def filter_documents(docs:list[Doc],                 # candidates, in a fixed or
     "Run read -> dedup -> quality -> heuristic -> grounding; returns kept docs (with text) and one row per document."
     workers = workers or os.cpu_count() or 1
     chunks = [[(d, max_file_bytes) for d in docs[i:i + 64]] for i in range(0, len(docs), 64)]
-    bar = tqdm(total=len(docs), desc='filter', unit='doc', disable=not progress, file=sys.stdout)
+    bar = tqdm(total=len(docs), desc='filter', unit='doc', disable=not progress, file=sys.stdout, mininterval=5)   # few lines in a saved notebook
     facts = []
     if workers == 1:
         for c in chunks: facts += _analyze_many(c); bar.update(len(c))
@@ -569,7 +569,7 @@ def split_documents(docs:list[Doc], val_fraction:float=0.02) -> dict:
         if len(mine) > 1 and not any(split[d.id] == 'val' for d in mine): split[min(mine, key=lambda d: _unit_hash(d.id)).id] = 'val'
     return split
 
-# %% ../nbs/03_data.ipynb #3bb09b49
+# %% ../nbs/03_data.ipynb #0576b7e5
 MANIFEST_FORMAT = 'fsi_nb.shards/1'
 CATEGORIES = ('code', 'nlp', 'reasoning')
 
@@ -588,7 +588,7 @@ def write_shards(docs:list[Doc], split:dict, tokenizer_dir, out_dir, shard_token
     shards, stats, pool = [], dict(bytes={}, tokens={}, seconds=0.0, cpu_seconds=0.0, round_trip_failures=[]), ThreadPoolExecutor(2)
     ru = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_utime
     groups = [(c, s, [d for d in docs if d.category == c and split[d.id] == s]) for c in CATEGORIES for s in ('train', 'val')]
-    bar = tqdm(total=sum(len(g[2]) for g in groups), desc='shards', unit='doc', disable=not progress, file=sys.stdout)
+    bar = tqdm(total=sum(len(g[2]) for g in groups), desc='shards', unit='doc', disable=not progress, file=sys.stdout, mininterval=5)
     env, futures = os.environ.get('TOKENIZERS_PARALLELISM'), []
     os.environ['TOKENIZERS_PARALLELISM'] = 'true'    # the Rust encoder's threads; restored below (workers that fork later are safe)
     try:
