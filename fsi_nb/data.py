@@ -431,7 +431,7 @@ def heuristic_reason(text:str, lang:str) -> str | None:
             return 'license text only'
     return None
 
-# %% ../nbs/03_data.ipynb #4f03289a
+# %% ../nbs/03_data.ipynb #88fc7f0f
 _C_LIKE = r'//[^\n]*|/\*.*?\*/|(?P<open_comment>/\*)'
 _SCAN = {  # comments and strings to skip, per language; what is left must have balanced brackets
     'c': _C_LIKE + r'|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'',
@@ -448,7 +448,7 @@ def balance_reason(text:str, lang:str) -> str | None:
     stack, pairs = [], {')': '(', ']': '[', '}': '{'}
     line = lambda pos: text.count('\n', 0, pos) + 1
     for m in pat.finditer(text):
-        if m.group('open_comment'): return f"unclosed /* comment (line {line(m.start())})"
+        if m.groupdict().get('open_comment'): return f"unclosed /* comment (line {line(m.start())})"
         if m.group('quote'): return f"unclosed {m.group('quote')} string (line {line(m.start())})"
         b = m.group('br')
         if b is None: continue
@@ -491,17 +491,19 @@ def _permutations(num_perm): return MinHash(num_perm=num_perm, seed=1, scheme='a
 
 def _minhash(hv): return MinHash(num_perm=len(hv), seed=1, hashvalues=hv, scheme='affine32', permutations=_permutations(len(hv)))
 
-# %% ../nbs/03_data.ipynb #dab6d114
+# %% ../nbs/03_data.ipynb #cae1107d
 FILTER_STAGES = ('read', 'dedup', 'quality', 'heuristic', 'grounding')
 
 def _analyze(doc:Doc, max_file_bytes:int) -> dict:
     "Everything the filters need to know about one document (runs in a worker)."
     text, reason = (doc.text, None) if doc.text is not None else read_text_file(doc.path, max_file_bytes)
     if reason: return dict(text=None, nbytes=Path(doc.path).stat().st_size if Path(doc.path).exists() else 0, reasons=dict(read=reason))
-    lang = doc.lang
+    def check(f, *args):             # a check that crashes rejects the document (with why) instead of the whole run
+        try: return f(*args)
+        except Exception as e: return f"{f.__name__} failed: {type(e).__name__}: {e}"
     return dict(text=text, nbytes=len(text.encode('utf-8', 'surrogatepass')), sha=hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest(),
-                minhash=minhash_values(text), reasons=dict(quality=quality_reason(text, lang), heuristic=heuristic_reason(text, lang),
-                                                           grounding=grounding_reason(text, lang, doc.record)))
+                minhash=minhash_values(text), reasons=dict(quality=check(quality_reason, text, doc.lang), heuristic=check(heuristic_reason, text, doc.lang),
+                                                           grounding=check(grounding_reason, text, doc.lang, doc.record)))
 
 def _analyze_many(args): return [_analyze(d, m) for d, m in args]
 
