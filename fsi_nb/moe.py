@@ -37,7 +37,7 @@ def _experts_grouped(xs, dest, gates, counts, w13, w2, y_pop, dtype):
     hid = (_glu(torch._grouped_mm(xs.to(dtype), w13.to(dtype), offs=offs)) * gates).to(dtype)
     return y_pop.index_add(0, dest, torch._grouped_mm(hid, w2.to(dtype), offs=offs).to(y_pop.dtype))
 
-# %% ../nbs/07_moe.ipynb #12c1f936
+# %% ../nbs/07_moe.ipynb #06426f8b
 class MoEFFN(nn.Module):
     "Shared + routed SwiGLU experts in populations; sigmoid router with loss-free bias balancing; dropless sorted dispatch."
     def __init__(self, cfg:FSIEdgeConfig, # an MoE config (`n_routed > 0`)
@@ -101,20 +101,21 @@ class MoEFFN(nn.Module):
         token = order // k                                         # each sorted pair's token
         dest = token * p + expert[order] // (self.n_routed // p)   # ... and its (token, population) output row
         counts = expert.new_zeros(self.n_routed).index_add_(0, expert, torch.ones_like(expert))  # pairs per expert (static shape, unlike bincount)
-        dtype = self._compute_dtype(x)
+        dtype = self._compute_dtype(x)  # the experts' matmul dtype: bf16 under autocast
         grouped = self.dispatch == 'grouped' or (self.dispatch == 'auto' and self._can_group and x.is_cuda and dtype == torch.bfloat16)
-        w13 = torch.cat([self.routed_w1, self.routed_w3], dim=-1)  # (n_routed, d_model, 2*expert_d_ff)
+        hc = h.to(dtype)  # cast once before the gather, not once per expert slice (a no-op in fp32)
+        w13 = torch.cat([self.routed_w1, self.routed_w3], dim=-1).to(dtype)  # (n_routed, d_model, 2*expert_d_ff)
         # the populations' outputs stay apart (rows token*p + population) for the orthogonality term
-        y_pop = torch.zeros(n * p, d, device=x.device, dtype=torch.promote_types(dtype, torch.float32))
-        args = (h.index_select(0, token), dest, gates.reshape(-1, 1)[order], counts, w13, self.routed_w2, y_pop)
+        y_pop = torch.zeros(n * p, d, device=x.device, dtype=dtype)
+        args = (hc.index_select(0, token), dest, gates.reshape(-1, 1)[order].to(dtype), counts, w13, self.routed_w2.to(dtype), y_pop)
         y_pop = (_experts_grouped(*args, dtype) if grouped else _experts_loop(*args)).view(n, p, d)
         y = y_pop.sum(1)
         if self.n_shared:  # n_shared SwiGLUs summed == one SwiGLU over their hidden units side by side
             ff = self.shared_w1.shape[-1] * self.n_shared
             sw13 = torch.cat([w.permute(1, 0, 2).reshape(d, ff) for w in (self.shared_w1, self.shared_w3)], dim=-1)
-            y = y + _glu(h @ sw13) @ self.shared_w2.reshape(ff, d)
+            y = y + _glu(hc @ sw13.to(dtype)) @ self.shared_w2.reshape(ff, d).to(dtype)
 
-        aux = dict(z_loss=torch.logsumexp(logits, dim=-1).square().mean(), orthogonality=_population_overlap(y_pop))
+        aux = dict(z_loss=torch.logsumexp(logits, dim=-1).square().mean(), orthogonality=_population_overlap(y_pop.float()))
         self._count_load(counts)
         return y.to(x.dtype).view(shape), aux, self._routing_stats(counts, aux['orthogonality'])
 
