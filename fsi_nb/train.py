@@ -350,7 +350,7 @@ def _zero_expert_load(model):
     for mod in model.modules():
         if isinstance(getattr(mod, 'expert_load', None), torch.Tensor): mod.expert_load.zero_()
 
-# %% ../nbs/09_train.ipynb #9255026a
+# %% ../nbs/09_train.ipynb #f7b9216b
 def _check_resume(ck, spec, tok_sha, man_sha, path, data_dir):
     "Refuse to continue a checkpoint on other data or another architecture; warn about changed training numbers."
     if ck.get('tokenizer_sha256') != tok_sha or ck.get('manifest_sha256') != man_sha:
@@ -403,7 +403,7 @@ def train(preset:str='tiny',          # a name in `fsi_nb.config.PRESETS`
     model = FSIEdgeModel(m)
     model.set_structure_tables(**structure_tables(load_tokenizer(data_dir/'tokenizer')))
     model.to(dev)
-    opt, sched = make_optimizer(model, t), None
+    opt = make_optimizer(model, t)
     sched = make_scheduler(opt, t)
     step, tokens, elapsed0, bad_steps, window, last_loss = 0, 0, 0.0, 0, deque(maxlen=100), None
     ckpt_path, skipped = latest_valid_checkpoint(ckpt_dir) if resume else (None, [])
