@@ -51,7 +51,7 @@ def _pyramid(x): # (B, H, N, D)
         levels.append(x)
     return levels
 
-# %% ../nbs/05_helix.ipynb #2a4dc4c0
+# %% ../nbs/05_helix.ipynb #51f22e63
 def _candidates_per_block(S, j):
     "Most level-j groups (`n >> (j+1)`) whose clusters S consecutive queries can use."
     if 2 ** j >= S: return 1                                  # the upper halves are >= S apart: one at most
@@ -76,14 +76,14 @@ def _helix_mask(T, W, S, device=None, dtype=torch.float32):
 def _cached_helix_mask(*args):
     with torch.inference_mode(False), torch.no_grad(): return _helix_mask(*args)   # cached tensors must suit autograd
 
-def _block_size(W): return -(-W // -(-W // 32))              # <= 32, splitting the window into equal blocks
+def _block_size(W): return -(-W // -(-W // 64))              # <= 64, splitting the window into equal blocks
 
-# %% ../nbs/05_helix.ipynb #840fbc9a
+# %% ../nbs/05_helix.ipynb #63412a04
 def helix_attention(q:torch.Tensor, # (B, H, T, D) queries, RoPE'd and QK-normed
                     k:torch.Tensor, # (B, H, T, D) keys (GQA already expanded)
                     v:torch.Tensor, # (B, H, T, D) values
                     window_size:int, # tokens each query sees exactly
-                    block_size:int|None=None # queries per block; None: up to 32, splitting the window evenly
+                    block_size:int|None=None # queries per block; None: up to 64, splitting the window evenly
                    ) -> torch.Tensor: # (B, H, T, D)
     "Helix attention, parallel training form: exact window + dyadic cluster summaries, one softmax, linear in T."
     B, H, T, D = q.shape
