@@ -45,7 +45,7 @@ class Block(nn.Module):
         x = x + self.attn.step(self.attn_norm(x), pos, depth, anchor, n_anchors, rope, state)
         return x + self._ffn(x)[0]
 
-# %% ../nbs/08_model.ipynb #34c8cc8f
+# %% ../nbs/08_model.ipynb #c171af8c
 class _FusedLinearCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, weight, labels, chunk_size):
@@ -54,16 +54,19 @@ class _FusedLinearCE(torch.autograd.Function):
         loss = torch.zeros((), device=h.device, dtype=torch.float32)
         grad_h, grad_w = torch.empty_like(h), torch.zeros_like(weight, dtype=torch.float32)
         for s in range(0, h.shape[0], chunk_size):
-            hc, yc, vc = h[s:s + chunk_size], labels[s:s + chunk_size], valid[s:s + chunk_size]
-            logits = (hc @ weight.T).float()                               # (chunk, V): the only big tensor
-            lse = logits.logsumexp(-1)
-            yc = yc.clamp(min=0)[:, None]
-            loss = loss + ((lse - logits.gather(1, yc)[:, 0]) * vc).sum()
-            g = (logits - lse[:, None]).exp_()                             # softmax, in place
-            g.scatter_add_(1, yc, torch.full_like(yc, -1, dtype=g.dtype))  # ... minus onehot
-            g = (g * (vc / n)[:, None]).to(h.dtype)
+            hc, vc = h[s:s + chunk_size], valid[s:s + chunk_size]
+            yc = labels[s:s + chunk_size].clamp(min=0)[:, None]
+            z = (hc @ weight.T).float()                      # (chunk, V) logits: the only big tensor, reused in place
+            target = z.gather(1, yc)[:, 0]
+            top = z.amax(-1, keepdim=True)
+            z.sub_(top).exp_()
+            total = z.sum(-1, keepdim=True)
+            loss = loss + ((top + total.log())[:, 0] - target).mul(vc).sum()
+            w = (vc / n)[:, None]
+            z.mul_(w / total).scatter_add_(1, yc, -w)        # d loss / d logits = (softmax - onehot) / n
+            g = z.to(h.dtype)
             grad_h[s:s + chunk_size] = g @ weight
-            grad_w += (g.T @ hc).float()
+            grad_w += g.T @ hc
         ctx.save_for_backward(grad_h, grad_w.to(weight.dtype))
         return loss / n
 
@@ -75,8 +78,10 @@ class _FusedLinearCE(torch.autograd.Function):
 def chunked_cross_entropy(h:torch.Tensor, # (N, d_model) final hidden states
                           weight:torch.Tensor, # (vocab, d_model) output layer
                           labels:torch.Tensor, # (N,) targets, -100 = ignore
-                          chunk_size:int=1024) -> torch.Tensor:
+                          chunk_size:int|None=None, # rows per chunk; None: 4M logits (16 MB) on CPU, 32M on GPU
+                         ) -> torch.Tensor:
     "Mean cross-entropy of `h @ weight.T` against `labels`, never materialising the (N, vocab) logits."
+    if chunk_size is None: chunk_size = max(32, (1 << (22 if h.device.type == 'cpu' else 25)) // weight.shape[0])
     return _FusedLinearCE.apply(h, weight, labels, chunk_size)
 
 # %% ../nbs/08_model.ipynb #0061ab24
