@@ -227,3 +227,14 @@ def test_generation_state_bounded_16k():
     assert state.pos.item() == 16384 + 32
     assert sizes[16384] <= 1.1 * sizes[1024], sizes
     assert sizes[16384] == state_nbytes(m.init_state(1)), 'the state never grows'
+
+def test_h100_architecture_smoke():
+    "The cloud preset's real architecture (105M params, MoE, d_model 512) runs a CPU step; its step-0 loss is ln(vocab) too."
+    cfg = get_preset('h100').model
+    torch.manual_seed(0)
+    m = FSIEdgeModel(cfg)
+    ids = torch.randint(0, cfg.vocab_size, (1, 64))
+    out = m(ids, labels=ids, return_logits=False)
+    assert abs(out.aux['lm_loss'].item() - math.log(cfg.vocab_size)) < 0.05, out.aux
+    out.loss.backward()
+    assert len(out.routing) == cfg.n_layers and m.layers[0].ffn.router.weight.grad is not None
