@@ -123,7 +123,7 @@ def fig_png(fig:Figure, path=None, dpi:int=90) -> bytes:
         tmp = Path(str(path) + '.tmp'); tmp.write_bytes(data); os.replace(tmp, path)
     return data
 
-# %% ../nbs/10_dashboard.ipynb #1e57206a
+# %% ../nbs/10_dashboard.ipynb #f652a7bc
 def _headless_parent() -> bool:
     "True when a notebook runner (papermill, nbconvert, nbclient, execnb) started this kernel."
     pid = os.getpid()
@@ -232,18 +232,21 @@ def watch(run,                      # a run folder, e.g. "runs/tiny"
     "Follow a run started elsewhere (tmux, papermill, the CLI) by tailing its log until it stops."
     run = Path(run)
     dash, tail, t0 = Dashboard(run, live=live, png_s=max(60.0, interval)), LogTail(run/'log.jsonl'), time.monotonic()
-    while True:
-        st = read_json(run/'status.json')       # status before log: lines written before 'finished' are read below
-        if tail.read():
-            dash.records = list(tail.records); dash.update()
-        state = st.get('state')
-        if state not in (None, 'running'):
-            print(f"{run.name}: {state}: {st.get('message', '')}", flush=True); break
-        if state == 'running' and not _alive(st):
-            print(f"{run.name}: its process {st.get('pid')} is gone (killed?); last logged step "
-                  f"{tail.records[-1]['step'] if tail.records else None}. Resume it with the same command.", flush=True); break
-        if timeout is not None and time.monotonic() - t0 >= timeout: break
-        time.sleep(interval)
+    try:
+        while True:
+            st = read_json(run/'status.json')       # status before log: lines written before 'finished' are read below
+            if tail.read():
+                dash.records = list(tail.records); dash.update()
+            state = st.get('state')
+            if state not in (None, 'running'):
+                print(f"{run.name}: {state}: {st.get('message', '')}", flush=True); break
+            if state == 'running' and not _alive(st):
+                print(f"{run.name}: its process {st.get('pid')} is gone (killed?); last logged step "
+                      f"{tail.records[-1]['step'] if tail.records else None}. Resume it with the same command.", flush=True); break
+            if timeout is not None and time.monotonic() - t0 >= timeout: break
+            time.sleep(interval)
+    except KeyboardInterrupt:   # Jupyter's stop button: stop watching, the run itself goes on
+        print(f'stopped watching {run.name}; the run goes on', flush=True)
     dash.finish(show=show)
     return dash
 

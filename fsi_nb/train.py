@@ -193,7 +193,7 @@ def latest_valid_checkpoint(ckpt_dir) -> tuple[Path | None, list[tuple[Path, str
         skipped.append((p, why))
     return None, skipped
 
-# %% ../nbs/09_train.ipynb #23798cbe
+# %% ../nbs/09_train.ipynb #1503c902
 class NeedsGPUError(RuntimeError):
     "A GPU preset was asked to train on a machine without CUDA."
 
@@ -254,7 +254,6 @@ def resolve_run(preset:str='tiny',      # a name in `fsi_nb.config.PRESETS`
             f"its architecture on the CPU first with smoke=True (papermill: -p smoke True; CLI: --smoke), then run it on a "
             f"GPU machine; or train a CPU preset: tiny, small or med.")
     device = resolve_device(t.device)
-    if device.type == 'cpu' and t.precision == 'bf16' and p.needs_gpu: t = replace(t, precision='fp32')
     name = run_name or (f'{preset}-smoke' if smoke else preset)
     return RunSpec(preset, name, m, t, s, device, smoke, overrides)
 

@@ -80,9 +80,10 @@ def test_signal_saves_a_checkpoint_and_exits_cleanly(prepared_data, tmp_path, re
     assert ck['step'] == last + 1 and ck['token_offset'] == (last + 1) * 2 * 32
     st = json.loads((tmp_path/'s'/'status.json').read_text())
     assert st['state'] == 'signal' and json.loads(out.splitlines()[-1])['stopped'] == 'signal'
-    r = run(cli(prepared_data, tmp_path, 's', '--save-interval', '1000'))    # and it resumes to the same end
-    assert r.returncode == 0, r.stderr
-    assert same_run(records(tmp_path/'s'), reference)
+    if sig == signal.SIGTERM:                                                # and it resumes to the same end
+        r = run(cli(prepared_data, tmp_path, 's', '--save-interval', '1000'))
+        assert r.returncode == 0, r.stderr
+        assert same_run(records(tmp_path/'s'), reference)
 
 def test_damaged_checkpoints_are_skipped_with_reasons(prepared_data, tmp_path, reference):
     r = run(cli(prepared_data, tmp_path, 'd'))
