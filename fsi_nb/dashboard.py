@@ -51,7 +51,7 @@ def read_json(path) -> dict:
     try: return json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError): return {}
 
-# %% ../nbs/10_dashboard.ipynb #2f249971
+# %% ../nbs/10_dashboard.ipynb #2ddc15ee
 def eta_seconds(records:list[dict], total_steps:int|None, window:int=10) -> float | None:
     "Seconds to `total_steps` at the pace of the last `window` logged steps."
     recs = [r for r in records if 'time' in r]
@@ -73,7 +73,7 @@ def summary_line(rec:dict, total_steps:int|None=None, eta:float|None=None) -> st
          f"{rec['elapsed_hours']:.3f} h  ETA {_fmt_s(eta)}")
     if rec.get('bad_steps'): s += f"  skipped {rec['bad_steps']}"
     r = rec.get('routing')
-    if r: s += (f"  | entropy {min(r['entropy']):.3f}  dead {sum(r['dead_experts'])}  "
+    if r: s += (f"  | entropy {min(r['entropy']):.3f}  dead {sum(r['dead_experts']):g}/{sum(map(len, r['load']))}  "
                 f"overlap {max(r['population_overlap']):.3f}")
     return s
 

@@ -27,8 +27,8 @@ def outputs(nb_path):
 
 def test_train_then_eval_tiny(prepared_data, tmp_path):
     out = tmp_path/'train-tiny.ipynb'
-    r = papermill('train.ipynb', out, ('preset', 'tiny'), ('max_steps', 8), ('data_dir', prepared_data), ('runs_dir', tmp_path),
-                  ('run_name', 'pm'), ('eval_batches', 2), ('max_new_tokens', 8))
+    r = papermill('train.ipynb', out, ('preset', 'tiny'), ('max_steps', 8), ('batch_size', 4), ('data_dir', prepared_data),
+                  ('runs_dir', tmp_path), ('run_name', 'pm'), ('eval_batches', 2), ('max_new_tokens', 8))
     assert r.returncode == 0, r.stderr[-3000:]
     text, pngs, mimes = outputs(out)
     assert pngs >= 1 and 'application/vnd.jupyter.widget-view+json' not in mimes     # a real image, no widget state
