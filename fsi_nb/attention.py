@@ -107,7 +107,7 @@ class AttentionState:
         own = sum(t.nbytes for t in (self.local_k, self.local_v, self.anchor_k, self.anchor_v, self.anchor_depth))
         return own + (self.helix.nbytes() if self.helix is not None else 0)
 
-# %% ../nbs/06_attention.ipynb #1ab14c58
+# %% ../nbs/06_attention.ipynb #fc229ca9
 class HybridAttention(nn.Module):
     "Local, struct and global (Helix) heads over shared GQA projections with QK-Norm and RoPE."
     def __init__(self, cfg:FSIEdgeConfig):
@@ -163,6 +163,7 @@ class HybridAttention(nn.Module):
         (klo, khi), (alo, ahi) = self.kv_range['local'], self.kv_range['struct']
         p = torch.arange(max(0, T - W), T, device=k.device)
         state.local_k[:, :, p % W], state.local_v[:, :, p % W] = k[:, klo:khi, p], v[:, klo:khi, p]
+        if not self.struct_heads: return
         count = anchor.long().sum(1)                                     # (B,) anchors in the prompt
         pos, valid = _last_anchors(anchor, count, S)                     # (B, S), (B, S)
         slot = (count[:, None] - S + torch.arange(S, device=k.device)) % S  # where step would have put them

@@ -56,10 +56,12 @@ def test_streaming_with_indent_tables():
         seq = torch.stack([m.step(ids[:, t], state) for t in range(ids.shape[1])], 1)
     assert ((seq - par).abs().max() / par.abs().max()).item() <= 1e-4
 
-@pytest.mark.parametrize('moe,T', [(False, 1), (False, 15), (False, 16), (False, 17), (False, 100), (True, 37)])
-def test_prefill_then_step_equals_parallel(moe, T):
+@pytest.mark.parametrize('moe,T,kinds', [(False, 1, (2, 2, 2)), (False, 15, (2, 2, 2)), (False, 16, (2, 2, 2)), (False, 17, (2, 2, 2)),
+                                          (False, 100, (2, 2, 2)), (True, 37, (2, 2, 2)),
+                                          (False, 50, (6, 0, 0)), (False, 50, (0, 6, 0)), (False, 50, (0, 0, 6)), (False, 50, (3, 1, 2))])
+def test_prefill_then_step_equals_parallel(moe, T, kinds):
     "A prompt prefilled in parallel leaves the state stepping would have; the steps after it match the parallel logits."
-    m = make(small_cfg(moe)).eval()
+    m = make(small_cfg(moe, local_heads=kinds[0], struct_heads=kinds[1], global_heads=kinds[2])).eval()
     t = byte_structure_tables(512)
     t['newline'][300:310], t['indent'][300:310] = True, torch.arange(10)
     m.set_structure_tables(**t)
