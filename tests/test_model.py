@@ -165,8 +165,9 @@ def test_compile_matches_eager(moe):
     assert keys == list(m.state_dict()) and not any('_orig_mod' in k for k in keys)
     fresh = FSIEdgeModel(m.cfg); fresh.load_state_dict(unwrap(compiled).state_dict())
 
-def test_bf16_autocast_close_to_fp32():
-    m = make(small_cfg()).train()
+@pytest.mark.parametrize('moe', [False, True], ids=['dense', 'moe'])
+def test_bf16_autocast_close_to_fp32(moe):
+    m = make(small_cfg(moe)).train()
     ids = _code_like_ids(4, 128, 512, seed=7)
     fp32 = m(ids, labels=ids, return_logits=False).loss
     with torch.autocast('cpu', dtype=torch.bfloat16):
@@ -240,3 +241,28 @@ def test_h100_architecture_smoke():
     assert abs(out.aux['lm_loss'].item() - math.log(cfg.vocab_size)) < 0.05, out.aux
     out.loss.backward()
     assert len(out.routing) == cfg.n_layers and m.layers[0].ffn.router.weight.grad is not None
+
+def test_real_tokenizer_structure_tables(tmp_path):
+    "With a trained BPE tokenizer's tables installed, depths follow the code and streaming still equals parallel."
+    import glob
+    from fsi_nb.tokenizer import train_tokenizer, load_tokenizer, structure_tables
+    files = sorted(glob.glob('/usr/lib/python3*/json/*.py'))[:10] + sorted(glob.glob('/usr/lib/python3*/email/*.py'))[:10]
+    assert files, 'no stdlib sources found'
+    tok = load_tokenizer(train_tokenizer([__import__('pathlib').Path(f) for f in files], tmp_path / 'tok', vocab_size=1024))
+    tables = structure_tables(tok)
+    cfg = small_cfg(vocab_size=1024)
+    m = make(cfg).eval()
+    m.set_structure_tables(**tables)
+    code = "def f(x):\n    if x:\n        return [x, (x + 1)]\n    return None\n\nclass A:\n    def g(self):\n        pass\n"
+    ids = torch.tensor([tok.encode(code).ids])
+    depth, anchor = token_structure(ids, m.newline_table, m.depth_delta, m.indent_table)
+    assert anchor.sum().item() >= 5                       # the newlines are anchors, whatever tokens hold them
+    text_at = [tok.decode(ids[0, :i + 1].tolist()) for i in range(ids.shape[1])]
+    i_ret = next(i for i, s in enumerate(text_at) if s.endswith('return [x'))
+    assert depth[0, i_ret].item() >= 3                    # indent 2 + one open bracket
+    assert depth[0, -1].item() == 0                       # everything closed, back at column 0
+    with torch.no_grad():
+        par = m(ids).logits
+        state = m.init_state(1)
+        seq = torch.stack([m.step(ids[:, t], state) for t in range(ids.shape[1])], 1)
+    torch.testing.assert_close(seq, par, rtol=1e-4, atol=1e-4)
