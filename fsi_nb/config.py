@@ -88,7 +88,7 @@ class FSIEdgeConfig:
         _check(self.expert_d_ff > 0, 'expert_d_ff', self.expert_d_ff, 'an MoE model needs a positive expert size', 'set expert_d_ff (e.g. 128)')
         _check(self.n_shared >= 0, 'n_shared', self.n_shared, 'must not be negative', 'set n_shared >= 0')
 
-# %% ../nbs/00_config.ipynb #f1a5eff0
+# %% ../nbs/00_config.ipynb #f2eaeb4a
 @dataclass
 class TrainConfig:
     "Optimizer, schedule, precision and run plumbing (defaults from the seeds)."
@@ -105,7 +105,7 @@ class TrainConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     grad_clip: float = 1.0
-    precision: str = 'fp32'            # 'fp32' or 'bf16' (autocast, fp32 master weights)
+    precision: str = 'auto'            # 'fp32', 'bf16' (autocast, fp32 master weights), or 'auto': bf16 where the device has fast bf16 matmuls
     device: str = 'auto'               # 'auto', 'cpu' or 'cuda'
     compile: bool = False              # torch.compile the model
     seed: int = 1337
@@ -123,7 +123,7 @@ class TrainConfig:
         _check(self.warmup_steps >= 0, 'warmup_steps', self.warmup_steps, 'must not be negative', 'set warmup_steps >= 0')
         _check(0 < self.lr, 'lr', self.lr, 'must be positive', 'use e.g. 3e-4')
         _check(0 <= self.min_lr <= self.lr, 'min_lr', self.min_lr, f'must be in [0, lr={self.lr}]', 'use e.g. 1e-5')
-        _check(self.precision in ('fp32', 'bf16'), 'precision', self.precision, 'unknown precision', "use 'fp32' or 'bf16'")
+        _check(self.precision in ('auto', 'fp32', 'bf16'), 'precision', self.precision, 'unknown precision', "use 'auto', 'fp32' or 'bf16'")
         _check(self.device in ('auto', 'cpu', 'cuda') or self.device.startswith('cuda:'), 'device', self.device,
                'unknown device', "use 'auto', 'cpu' or 'cuda'")
         _check(self.budget_hours is None or self.budget_hours > 0, 'budget_hours', self.budget_hours, 'must be positive', 'use None for no budget')
@@ -133,7 +133,7 @@ class TrainConfig:
     @property
     def tokens_per_step(self): return self.batch_size * self.grad_accum * self.seq_len
 
-# %% ../nbs/00_config.ipynb #12290f08
+# %% ../nbs/00_config.ipynb #58223303
 @dataclass(frozen=True)
 class Preset:
     "A named pair of model and training configs."
@@ -144,7 +144,7 @@ class Preset:
     source: str          # where the numbers come from
 
 def _cpu(name, source, model, **train):
-    return Preset(name, FSIEdgeConfig(**model), TrainConfig(precision='fp32', device='cpu', **train), False, source)
+    return Preset(name, FSIEdgeConfig(**model), TrainConfig(precision='auto', device='cpu', **train), False, source)
 
 def _gpu(name, source, model, **train):
     return Preset(name, FSIEdgeConfig(**model), TrainConfig(precision='bf16', device='cuda', compile=True, **train), True, source)

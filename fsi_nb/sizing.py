@@ -114,7 +114,7 @@ def flops_per_token(cfg:FSIEdgeConfig, # or a preset name / `Preset`
     f['total'] = sum(f.values())
     return f
 
-# %% ../nbs/01_sizing.ipynb #9af5e341
+# %% ../nbs/01_sizing.ipynb #189abdb3
 def activation_bytes(cfg:FSIEdgeConfig, # or a preset name / `Preset`
                      seq_len:int,       # tokens per sequence
                      precision='bf16'   # 'bf16' (autocast) or 'fp32'
@@ -153,6 +153,7 @@ def training_memory(cfg:FSIEdgeConfig,      # or a preset name / `Preset`
     p = _resolve(cfg)
     cfg, train = p.model, train or p.train
     precision = precision or train.precision
+    if precision == 'auto': precision = 'fp32' if train.device == 'cpu' else 'bf16'  # the conservative case for a CPU preset
     P = count_params(cfg).total
     a = activation_bytes(cfg, train.seq_len, precision)
     tokens = train.batch_size * train.seq_len                      # one micro-batch is alive at a time

@@ -21,13 +21,13 @@ from .data import Batcher, ensure_prepared, seq_len_for_step
 from .model import FSIEdgeModel
 
 # %% auto #0
-__all__ = ['resolve_device', 'autocast_context', 'param_groups', 'make_optimizer', 'lr_at', 'WarmupCosine', 'make_scheduler',
-           'rng_state', 'set_rng_state', 'seed_everything', 'CheckpointError', 'sha256_file', 'checkpoint_path',
-           'list_checkpoints', 'save_checkpoint', 'verify_checkpoint', 'load_checkpoint', 'latest_valid_checkpoint',
-           'NeedsGPUError', 'RunSpec', 'resolve_run', 'inject_nan_steps', 'StopOnSignal', 'RunResult', 'git_commit',
-           'routing_record', 'train', 'main']
+__all__ = ['resolve_device', 'cpu_has_fast_bf16', 'resolve_precision', 'autocast_context', 'param_groups', 'make_optimizer',
+           'lr_at', 'WarmupCosine', 'make_scheduler', 'rng_state', 'set_rng_state', 'seed_everything',
+           'CheckpointError', 'sha256_file', 'checkpoint_path', 'list_checkpoints', 'save_checkpoint',
+           'verify_checkpoint', 'load_checkpoint', 'latest_valid_checkpoint', 'NeedsGPUError', 'RunSpec', 'resolve_run',
+           'inject_nan_steps', 'StopOnSignal', 'RunResult', 'git_commit', 'routing_record', 'train', 'main']
 
-# %% ../nbs/09_train.ipynb #8d33f562
+# %% ../nbs/09_train.ipynb #8f2846d7
 def resolve_device(device:str='auto' # 'auto', 'cpu', 'cuda' or 'cuda:N'
                   ) -> torch.device:
     "The torch device for `device`; 'auto' picks CUDA when present. Asking for a missing GPU is an error."
@@ -36,6 +36,19 @@ def resolve_device(device:str='auto' # 'auto', 'cpu', 'cuda' or 'cuda:N'
         raise RuntimeError(f"device={device!r} but torch sees no CUDA GPU (torch.cuda.is_available() is False). "
                            "Fix: use device='auto' or 'cpu', or install a CUDA build of torch on a GPU machine.")
     return torch.device(device)
+
+def cpu_has_fast_bf16() -> bool:
+    "True when this CPU multiplies bf16 natively (x86 AVX512-BF16 or AMX, ARM BF16): then bf16 autocast pays."
+    try: flags = set(Path('/proc/cpuinfo').read_text().split())
+    except OSError: return False
+    return bool(flags & {'avx512_bf16', 'amx_bf16', 'bf16'})
+
+def resolve_precision(precision:str, # 'auto', 'fp32' or 'bf16'
+                      device:torch.device) -> str:
+    "'auto' -> 'bf16' on CUDA and on CPUs with native bf16 matmuls, else 'fp32'; explicit choices pass through."
+    if precision != 'auto': return precision
+    if device.type == 'cuda': return 'bf16'
+    return 'bf16' if device.type == 'cpu' and cpu_has_fast_bf16() else 'fp32'
 
 def autocast_context(device:torch.device, precision:str):
     "bf16 autocast (fp32 master weights stay in the parameters) or a no-op for fp32."
@@ -193,7 +206,7 @@ def latest_valid_checkpoint(ckpt_dir) -> tuple[Path | None, list[tuple[Path, str
         skipped.append((p, why))
     return None, skipped
 
-# %% ../nbs/09_train.ipynb #1503c902
+# %% ../nbs/09_train.ipynb #f6cf19ac
 class NeedsGPUError(RuntimeError):
     "A GPU preset was asked to train on a machine without CUDA."
 
@@ -254,6 +267,7 @@ def resolve_run(preset:str='tiny',      # a name in `fsi_nb.config.PRESETS`
             f"its architecture on the CPU first with smoke=True (papermill: -p smoke True; CLI: --smoke), then run it on a "
             f"GPU machine; or train a CPU preset: tiny, small or med.")
     device = resolve_device(t.device)
+    t = replace(t, precision=resolve_precision(t.precision, device))
     name = run_name or (f'{preset}-smoke' if smoke else preset)
     return RunSpec(preset, name, m, t, s, device, smoke, overrides)
 
