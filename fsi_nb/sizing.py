@@ -411,7 +411,7 @@ def plot_tokens_vs_params(hours:float=8.0, # time budget
     ax.grid(True, which='major', alpha=0.3); ax.legend(fontsize=8, loc='lower left')
     return ax.figure
 
-# %% ../nbs/01_sizing.ipynb #2f9f6908
+# %% ../nbs/01_sizing.ipynb #b7715d62
 def presets_table(gpu:str=None,    # one device for every preset; default each preset's own (see `report`)
                   hours:float=8.0,
                   mfu:float=0.4):
@@ -444,12 +444,29 @@ def report_table(r:dict):
             ('tokens per compute parameter', f"{r['tokens_per_param']:.1f}")]
     return pd.DataFrame(rows, columns=['quantity', 'value']).set_index('quantity')
 
+def _headless_parent() -> bool:
+    "True when a notebook runner (papermill, nbconvert, nbclient, execnb) started this kernel."
+    pid = os.getpid()
+    for _ in range(8):
+        try:
+            cmd = Path(f'/proc/{pid}/cmdline').read_bytes().replace(b'\0', b' ').decode(errors='ignore')
+            if any(w in cmd for w in ('papermill', 'nbconvert', 'nbclient', 'execnb', 'nbdev')): return True
+            pid = int(Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[1])
+        except (OSError, ValueError, IndexError): return False
+        if pid <= 1: return False
+    return False
+
 def has_widget_frontend() -> bool:
-    "True in a live Jupyter kernel; False under nbdev-test, papermill or plain Python, where widgets do not render."
-    if os.environ.get('IN_TEST') or not in_notebook(): return False
-    try: parent = Path(f'/proc/{os.getppid()}/cmdline').read_bytes().replace(b'\0', b' ').decode(errors='replace')
-    except OSError: return True   # no /proc: assume a real frontend
-    return 'papermill' not in parent
+    "Whether widgets will be seen live: an IPython kernel started by a Jupyter frontend, not by papermill & co. `$FSI_NB_LIVE`=0/1 overrides."
+    env = os.environ.get('FSI_NB_LIVE')
+    if env is not None: return env.strip().lower() in ('1', 'true', 'yes')
+    try: from IPython import get_ipython
+    except ImportError: return False
+    ip = get_ipython()
+    if ip is None or type(ip).__name__ != 'ZMQInteractiveShell': return False
+    try: import ipywidgets  # noqa: F401
+    except ImportError: return False
+    return not _headless_parent()
 
 # %% ../nbs/01_sizing.ipynb #2c9a3769
 def _explore_config(p:Preset, d_model, n_layers, n_heads, n_routed, top_k, seq_len) -> FSIEdgeConfig:
