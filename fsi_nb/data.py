@@ -25,9 +25,9 @@ __all__ = ['log', 'DEFAULT_SOURCES', 'KNOWN_SOURCES', 'LANG_BY_EXT', 'CODE_LANGS
            'fetch_shakespeare', 'pydocs_files', 'extra_code_files', 'synthetic_code', 'coldstart_text',
            'coldstart_tasks', 'run_tests', 'load_coldstart', 'read_text_file', 'quality_reason', 'heuristic_reason',
            'balance_reason', 'grounding_reason', 'minhash_values', 'filter_documents', 'filter_table',
-           'split_documents', 'write_shards', 'manifest_path', 'verify_manifest', 'manifest_sha256', 'collect_sources',
-           'prepare', 'ensure_prepared', 'mix_for_step', 'seq_len_for_step', 'fim_permute', 'Batcher', 'CodeDataset',
-           'collate_fn']
+           'split_documents', 'sha256_file', 'write_shards', 'manifest_path', 'verify_manifest', 'manifest_sha256',
+           'collect_sources', 'prepare', 'ensure_prepared', 'mix_for_step', 'seq_len_for_step', 'fim_permute',
+           'Batcher', 'CodeDataset', 'collate_fn']
 
 # %% ../nbs/03_data.ipynb #f28d5ceb
 log = logging.getLogger(__name__)
@@ -571,11 +571,12 @@ def split_documents(docs:list[Doc], val_fraction:float=0.02) -> dict:
         if len(mine) > 1 and not any(split[d.id] == 'val' for d in mine): split[min(mine, key=lambda d: _unit_hash(d.id)).id] = 'val'
     return split
 
-# %% ../nbs/03_data.ipynb #0576b7e5
+# %% ../nbs/03_data.ipynb #8db0c101
 MANIFEST_FORMAT = 'fsi_nb.shards/1'
 CATEGORIES = ('code', 'nlp', 'reasoning')
 
-def _sha256_file(path, chunk=1 << 22) -> str:
+def sha256_file(path, chunk=1 << 22) -> str:
+    "SHA-256 hex digest of a file, read in chunks (shards and checkpoints are large)."
     h = hashlib.sha256()
     with open(path, 'rb') as f:
         while b := f.read(chunk): h.update(b)
@@ -634,9 +635,9 @@ def write_shards(docs:list[Doc], split:dict, tokenizer_dir, out_dir, shard_token
 
 def _write_shard(f, arr, meta):
     arr.tofile(f)
-    return dict(meta, sha256=_sha256_file(f))
+    return dict(meta, sha256=sha256_file(f))
 
-# %% ../nbs/03_data.ipynb #2820db1d
+# %% ../nbs/03_data.ipynb #8cda2f4c
 def manifest_path(data_dir) -> Path:
     "`data_dir/manifest.json`; a shards folder's parent is searched too."
     d = Path(data_dir)
@@ -655,7 +656,7 @@ def verify_manifest(data_dir, check_hashes:bool=True) -> dict:
         f = root/s['file']
         if not f.exists(): raise FileNotFoundError(f"shard {f} listed in {mf.name} is missing. {fix}")
         if f.stat().st_size != 2 * s['n_tokens']: raise ValueError(f"shard {f} has {f.stat().st_size} bytes, the manifest says {2 * s['n_tokens']}. {fix}")
-        if check_hashes and (got := _sha256_file(f)) != s['sha256']:
+        if check_hashes and (got := sha256_file(f)) != s['sha256']:
             raise ValueError(f"shard {f} has SHA-256 {got[:12]}…, the manifest says {s['sha256'][:12]}…: it was changed or corrupted. {fix}")
     tdir = root/'tokenizer'
     if (tdir/'tokenizer.json').exists() and (got := tokenizer_sha256(tdir)) != m['tokenizer_sha256']:
