@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch, torch.nn as nn, torch.nn.functional as F
 
 # %% auto #0
-__all__ = ['RMSNorm', 'rope_at', 'rope_cache', 'apply_rope', 'SwiGLU', 'kv_index', 'expand_kv']
+__all__ = ['RMSNorm', 'rope_at', 'rope_cache', 'apply_rope', 'SwiGLU', 'kv_index', 'expand_kv', 'masked_attention']
 
 # %% ../nbs/04_layers.ipynb #0632bf36
 class RMSNorm(nn.Module):
@@ -69,3 +69,21 @@ def expand_kv(x:torch.Tensor, # (B, kv_heads, T, D)
         g = x[:, lo // rep:hi // rep, None].expand(B, (hi - lo) // rep, rep, T, D)
         return g.reshape(B, hi - lo, T, D)
     return x[:, kv_index(lo, hi, n_heads, x.shape[1]).to(x.device)]
+
+# %% ../nbs/04_layers.ipynb #9231a86a
+def _written_out_attention(q, k, v, attn_mask):
+    "softmax(q k^T / sqrt(D) + mask) v: the softmax in fp32 or wider, the matmuls in their (autocast) dtype."
+    s = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)   # scale the small side, not the (S, K) scores
+    dtype = s.dtype                                       # bf16 under autocast
+    s = s.to(torch.promote_types(dtype, torch.float32))   # in place from here: no extra pass or allocation
+    s = s.masked_fill_(~attn_mask, float('-inf')) if attn_mask.dtype == torch.bool else s.add_(attn_mask)
+    return s.softmax(-1).to(dtype) @ v
+
+def masked_attention(q:torch.Tensor, # (..., S, D) queries
+                     k:torch.Tensor, v:torch.Tensor, # (..., K, D) keys and values
+                     attn_mask:torch.Tensor, # bool (True = attend) or additive float, broadcastable to (..., S, K)
+                    ) -> torch.Tensor: # (..., S, D)
+    "`F.scaled_dot_product_attention(q, k, v, attn_mask)`, written out instead on a CPU under bf16 autocast, where that is measured faster."
+    if q.device.type == 'cpu' and torch.is_autocast_enabled('cpu') and torch.get_autocast_dtype('cpu') == torch.bfloat16:
+        return _written_out_attention(q, k, v, attn_mask)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)

@@ -42,18 +42,19 @@ class Block(nn.Module):
         x = x + self.attn.step(self.attn_norm(x), pos, depth, anchor, n_anchors, rope, state)
         return x + self._ffn(x)[0]
 
-# %% ../nbs/08_model.ipynb #c171af8c
+# %% ../nbs/08_model.ipynb #05d75e0b
 class _FusedLinearCE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, weight, labels, chunk_size):
+    def forward(ctx, h, weight, labels, chunk_size, dtype):
         valid = labels != -100
         n = valid.sum().clamp(min=1)
         loss = torch.zeros((), device=h.device, dtype=torch.float32)
-        grad_h, grad_w = torch.empty_like(h), torch.zeros_like(weight, dtype=torch.float32)
+        hd, wd = h.to(dtype), weight.to(dtype)  # once: autocast would re-cast the whole (V, d) weight for every chunk's matmuls
+        grad_h, grad_w = torch.empty_like(hd), torch.zeros_like(weight, dtype=torch.float32)
         for s in range(0, h.shape[0], chunk_size):
-            hc, vc = h[s:s + chunk_size], valid[s:s + chunk_size]
+            hc, vc = hd[s:s + chunk_size], valid[s:s + chunk_size]
             yc = labels[s:s + chunk_size].clamp(min=0)[:, None]
-            z = (hc @ weight.T).float()                      # (chunk, V) logits: the only big tensor, reused in place
+            z = (hc @ wd.T).float()                          # (chunk, V) logits: the only big tensor, reused in place
             target = z.gather(1, yc)[:, 0]
             top = z.amax(-1, keepdim=True)
             z.sub_(top).exp_()
@@ -61,16 +62,17 @@ class _FusedLinearCE(torch.autograd.Function):
             loss = loss + ((top + total.log())[:, 0] - target).mul(vc).sum()
             w = (vc / n)[:, None]
             z.mul_(w / total).scatter_add_(1, yc, -w)        # d loss / d logits = (softmax - onehot) / n
-            g = z.to(h.dtype)
-            grad_h[s:s + chunk_size] = g @ weight
-            grad_w += g.T @ hc
-        ctx.save_for_backward(grad_h, grad_w.to(weight.dtype))
+            g = z.to(dtype)
+            grad_h[s:s + chunk_size] = g @ wd
+            if g.dtype == grad_w.dtype: grad_w.addmm_(g.T, hc)  # fp32: accumulate without a temporary
+            else: grad_w += g.T @ hc                           # bf16 products, fp32 sum
+        ctx.save_for_backward(grad_h.to(h.dtype), grad_w.to(weight.dtype))
         return loss / n
 
     @staticmethod
     def backward(ctx, grad_out):
         grad_h, grad_w = ctx.saved_tensors
-        return grad_h * grad_out, grad_w * grad_out, None, None
+        return grad_h * grad_out, grad_w * grad_out, None, None, None
 
 def chunked_cross_entropy(h:torch.Tensor, # (N, d_model) final hidden states
                           weight:torch.Tensor, # (vocab, d_model) output layer
@@ -79,7 +81,11 @@ def chunked_cross_entropy(h:torch.Tensor, # (N, d_model) final hidden states
                          ) -> torch.Tensor:
     "Mean cross-entropy of `h @ weight.T` against `labels`, never materialising the (N, vocab) logits."
     if chunk_size is None: chunk_size = max(32, (1 << (22 if h.device.type == 'cpu' else 25)) // weight.shape[0])
-    return _FusedLinearCE.apply(h, weight, labels, chunk_size)
+    dev = h.device.type
+    # the matmul dtype autocast would pick; the function then runs with autocast off and casts each operand once
+    dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else torch.promote_types(h.dtype, weight.dtype)
+    with torch.autocast(dev, enabled=False):
+        return _FusedLinearCE.apply(h, weight, labels, chunk_size, dtype)
 
 # %% ../nbs/08_model.ipynb #0061ab24
 @dataclass

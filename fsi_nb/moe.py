@@ -37,7 +37,7 @@ def _experts_grouped(xs, dest, gates, counts, w13, w2, y_pop, dtype):
     hid = (_glu(torch._grouped_mm(xs.to(dtype), w13.to(dtype), offs=offs)) * gates).to(dtype)
     return y_pop.index_add(0, dest, torch._grouped_mm(hid, w2.to(dtype), offs=offs).to(y_pop.dtype))
 
-# %% ../nbs/07_moe.ipynb #06426f8b
+# %% ../nbs/07_moe.ipynb #1e64b92c
 class MoEFFN(nn.Module):
     "Shared + routed SwiGLU experts in populations; sigmoid router with loss-free bias balancing; dropless sorted dispatch."
     def __init__(self, cfg:FSIEdgeConfig, # an MoE config (`n_routed > 0`)
@@ -115,7 +115,7 @@ class MoEFFN(nn.Module):
             sw13 = torch.cat([w.permute(1, 0, 2).reshape(d, ff) for w in (self.shared_w1, self.shared_w3)], dim=-1)
             y = y + _glu(hc @ sw13.to(dtype)) @ self.shared_w2.reshape(ff, d).to(dtype)
 
-        aux = dict(z_loss=torch.logsumexp(logits, dim=-1).square().mean(), orthogonality=_population_overlap(y_pop.float()))
+        aux = dict(z_loss=torch.logsumexp(logits, dim=-1).square().mean(), orthogonality=_population_overlap(y_pop))
         self._count_load(counts)
         return y.to(x.dtype).view(shape), aux, self._routing_stats(counts, aux['orthogonality'])
 
@@ -142,12 +142,44 @@ class MoEFFN(nn.Module):
         self.router_bias.add_(self.router_bias_rate * torch.sign(load.mean() - load))
         load.zero_()
 
-# %% ../nbs/07_moe.ipynb #5169fd49
-def _population_overlap(y_pop): # (N, n_populations, d_model) each population's gated output per token
-    "Mean over tokens (and population pairs) of the squared cosine similarity between populations' outputs."
+# %% ../nbs/07_moe.ipynb #ba0f7f1c
+def _population_overlap_reference(y_pop): # (N, n_populations, d_model) each population's gated output per token
+    "Mean over tokens (and population pairs) of the squared cosine similarity between populations' outputs (plain autograd)."
     p = y_pop.shape[1]
     if p < 2: return y_pop.new_zeros(())
     sq = (y_pop * y_pop).sum(-1)  # (N, p) squared norms; a zero output counts as orthogonal, not NaN
     terms = [(y_pop[:, i] * y_pop[:, j]).sum(-1).square() / (sq[:, i] * sq[:, j]).clamp_min(1e-30)
              for i in range(p) for j in range(i + 1, p)]
     return torch.stack(terms, -1).mean()
+
+class _PopulationOverlap(torch.autograd.Function):
+    "The same value with the gradient written out: two passes over `y_pop` instead of autograd's broadcast products."
+    @staticmethod
+    def forward(ctx, y): # (N, p, d) in the experts' dtype; sums accumulate in fp32 (fp64 for fp64)
+        acc, p = torch.promote_types(y.dtype, torch.float32), y.shape[1]
+        ctx.pairs = [(i, j) for i in range(p) for j in range(i + 1, p)]
+        sq = (y * y).sum(-1, dtype=acc)                                                   # (N, p)
+        dots = torch.stack([(y[:, i] * y[:, j]).sum(-1, dtype=acc) for i, j in ctx.pairs], -1)  # (N, pairs)
+        cos = dots / torch.stack([sq[:, i] * sq[:, j] for i, j in ctx.pairs], -1).clamp_min(1e-30)  # dot / (|a|^2 |b|^2)
+        ctx.save_for_backward(y, sq, dots, cos)
+        return (dots * cos).mean()
+
+    @staticmethod
+    def backward(ctx, grad):
+        y, sq, dots, cos = ctx.saved_tensors
+        # d/dy_i of dot_ij^2 / (sq_i sq_j) = 2 cos_ij y_j - 2 cos_ij dot_ij / sq_i * y_i, averaged over tokens and pairs
+        two = 2 * grad / dots.numel()
+        coef = [[None] * y.shape[1] for _ in range(y.shape[1])]          # coef[i][j]: weight of y_j in grad_i
+        for n, (i, j) in enumerate(ctx.pairs):
+            c = two * cos[:, n]
+            coef[i][j] = coef[j][i] = c
+            for a in (i, j):
+                self_term = -c * dots[:, n] / sq[:, a].clamp_min(1e-30)
+                coef[a][a] = self_term if coef[a][a] is None else coef[a][a] + self_term
+        return torch.stack([sum(y[:, j] * coef[i][j][:, None].to(y.dtype) for j in range(y.shape[1]))
+                            for i in range(y.shape[1])], 1)
+
+def _population_overlap(y_pop): # (N, n_populations, d_model)
+    "Mean over tokens (and population pairs) of the squared cosine similarity between populations' outputs."
+    if y_pop.shape[1] < 2: return y_pop.new_zeros((), dtype=torch.float32)
+    with torch.autocast(y_pop.device.type, enabled=False): return _PopulationOverlap.apply(y_pop)
