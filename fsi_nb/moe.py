@@ -37,7 +37,7 @@ def _experts_grouped(xs, dest, gates, counts, w13, w2, y_pop, dtype):
     hid = (_glu(torch._grouped_mm(xs.to(dtype), w13.to(dtype), offs=offs)) * gates).to(dtype)
     return y_pop.index_add(0, dest, torch._grouped_mm(hid, w2.to(dtype), offs=offs).to(y_pop.dtype))
 
-# %% ../nbs/07_moe.ipynb #62debe34
+# %% ../nbs/07_moe.ipynb #8ed94571
 class MoEFFN(nn.Module):
     "Shared + routed SwiGLU experts in populations; sigmoid router with loss-free bias balancing; dropless sorted dispatch."
     def __init__(self, cfg:FSIEdgeConfig, # an MoE config (`n_routed > 0`)
@@ -103,7 +103,8 @@ class MoEFFN(nn.Module):
         dest = token * p + expert[order] // (self.n_routed // p)   # ... and its (token, population) output row
         counts = expert.new_zeros(self.n_routed).index_add_(0, expert, torch.ones_like(expert))  # pairs per expert (static shape, unlike bincount)
         dtype = self._compute_dtype(x)  # the experts' matmul dtype: bf16 under autocast
-        grouped = self.dispatch == 'grouped' or (self.dispatch == 'auto' and self._can_group and x.is_cuda and dtype == torch.bfloat16)
+        grouped = self.dispatch == 'grouped' or (self.dispatch == 'auto' and self._can_group and dtype == torch.bfloat16
+                                                 and (x.is_cuda or not torch.compiler.is_compiling()))
         hc = h.to(dtype)  # cast once before the gather, not once per expert slice (a no-op in fp32)
         w13 = torch.cat([self.routed_w1, self.routed_w3], dim=-1).to(dtype)  # (n_routed, d_model, 2*expert_d_ff)
         # the populations' outputs stay apart (rows token*p + population) for the orthogonality term
