@@ -21,7 +21,7 @@ def _glu(x13):
     a, b = x13.chunk(2, dim=-1)
     return F.silu(a) * b
 
-# %% ../nbs/07_moe.ipynb #6a9c025c
+# %% ../nbs/07_moe.ipynb #a45e6fef
 @torch.compiler.disable
 def _experts_loop(xs, dest, gates, counts, w13, w2, y_pop):
     "Add expert e's gated SwiGLU of its rows of `xs` into `y_pop[dest]`, for each expert's contiguous slice of pairs."
@@ -37,7 +37,22 @@ def _experts_grouped(xs, dest, gates, counts, w13, w2, y_pop, dtype):
     hid = (_glu(torch._grouped_mm(xs.to(dtype), w13.to(dtype), offs=offs)) * gates).to(dtype)
     return y_pop.index_add(0, dest, torch._grouped_mm(hid, w2.to(dtype), offs=offs).to(y_pop.dtype))
 
-# %% ../nbs/07_moe.ipynb #8ed94571
+@torch.compiler.disable
+def _stable_sizes(counts, token, dest, gates):
+    """Round each expert's slice up to a size with at most 5 significant bits (at most 1/16 more rows), the extra
+    rows pointing at token 0 with gate 0 (they add exactly nothing): counts, token, dest, gates in the padded layout."""
+    sizes = counts.tolist()
+    padded = [c if c < 32 else -(-c // (g := 1 << (c.bit_length() - 5))) * g for c in sizes]
+    padded_t = torch.tensor(padded, device=counts.device)
+    start, start_pad = counts.cumsum(0) - counts, padded_t.cumsum(0) - padded_t
+    n = token.shape[0]
+    # sorted pair i of expert e goes to start_pad[e] + (i - start[e])
+    pos = torch.arange(n, device=token.device) + torch.repeat_interleave(start_pad - start, counts, output_size=n)
+    total = sum(padded)
+    place = lambda t: t.new_zeros((total,) + t.shape[1:]).index_copy(0, pos, t)
+    return padded_t, place(token), place(dest), place(gates)
+
+# %% ../nbs/07_moe.ipynb #7413007a
 class MoEFFN(nn.Module):
     "Shared + routed SwiGLU experts in populations; sigmoid router with loss-free bias balancing; dropless sorted dispatch."
     def __init__(self, cfg:FSIEdgeConfig, # an MoE config (`n_routed > 0`)
@@ -109,7 +124,10 @@ class MoEFFN(nn.Module):
         w13 = torch.cat([self.routed_w1, self.routed_w3], dim=-1).to(dtype)  # (n_routed, d_model, 2*expert_d_ff)
         # the populations' outputs stay apart (rows token*p + population) for the orthogonality term
         y_pop = torch.zeros(n * p, d, device=x.device, dtype=dtype)
-        args = (hc.index_select(0, token), dest, gates.reshape(-1, 1)[order].to(dtype), counts, w13, self.routed_w2.to(dtype), y_pop)
+        sized, gate = counts, gates.reshape(-1, 1)[order].to(dtype)
+        if x.device.type == 'cpu' and dtype == torch.bfloat16 and not torch.compiler.is_compiling():  # eager oneDNN: few shapes
+            sized, token, dest, gate = _stable_sizes(counts, token, dest, gate)
+        args = (hc.index_select(0, token), dest, gate, sized, w13, self.routed_w2.to(dtype), y_pop)
         y_pop = (_experts_grouped(*args, dtype) if grouped else _experts_loop(*args)).view(n, p, d)
         y = y_pop[:, 0]
         for i in range(1, p): y = y + y_pop[:, i]  # not y_pop.sum(1): reducing a middle axis of 2 is 10x slower in bf16 on a CPU
