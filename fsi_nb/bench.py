@@ -233,7 +233,7 @@ def bench_helix(seq_lens=(128, 512, 2048), # sequence lengths to time
                          parallel_us_per_token=parallel / T * 1e6, loop_us_per_token=loop / T * 1e6))
     return rows
 
-# %% ../nbs/12_bench.ipynb #a29b1d1f
+# %% ../nbs/12_bench.ipynb #eeb0b2d1
 def moe_shapes(quick:bool=False) -> list[tuple]:
     "`(name, config)` of the MoE table: the CPU-sized shrink of `h100`, and (full run) the `h100` layer itself."
     return [('h100-cpu', cpu_moe_config())] + ([] if quick else [('h100 layer', get_preset('h100').model)])
@@ -245,12 +245,17 @@ def bench_moe(cfg:FSIEdgeConfig|None=None, # an MoE config; default: each of `mo
     if cfg is None: return [r for n, c in moe_shapes() for r in bench_moe(c, tokens, seq_len, precisions, warmup, iters, n)]
     torch.manual_seed(0)
     moe, dense = MoEFFN(cfg), SwiGLU(cfg.d_model, active_d_ff(cfg))
-    x = torch.randn(max(1, tokens // seq_len), seq_len, cfg.d_model, requires_grad=True)
+    # a few inputs in turn: routing (so each expert's slice size) changes every call, as it does while training
+    xs = [torch.randn(max(1, tokens // seq_len), seq_len, cfg.d_model, requires_grad=True) for _ in range(4)]
+    calls = {'moe': 0, 'dense': 0}
+    def next_x(side):
+        calls[side] += 1; return xs[calls[side] % len(xs)]
     def moe_step():
-        y, aux, _ = moe(x)
+        y, aux, _ = moe(next_x('moe'))
         loss = y.float().square().mean() + cfg.z_loss_weight * aux['z_loss'] + cfg.orthogonality_loss_weight * aux['orthogonality']
         loss.backward(); moe.update_router_bias()
-    def dense_step(): dense(x).float().square().mean().backward()
+    def dense_step(): dense(next_x('dense')).float().square().mean().backward()
+    x = xs[0]
     rows = []
     for precision in precisions:
         with torch.autocast('cpu', dtype=torch.bfloat16, enabled=precision == 'bf16'):
