@@ -15,8 +15,8 @@ from .moe import MoEFFN
 _all_ = ['FSIEdgeConfig']   # re-exported: `from fsi_nb.model import FSIEdgeConfig, FSIEdgeModel` as in the seeds
 
 # %% auto #0
-__all__ = ['Block', 'chunked_cross_entropy', 'ModelOutput', 'GenerationState', 'state_nbytes', 'FSIEdgeModel', 'sample_next',
-           'unwrap', 'FSIEdgeConfig']
+__all__ = ['Block', 'chunked_cross_entropy', 'ModelOutput', 'GenerationState', 'FSIEdgeModel', 'sample_next', 'unwrap',
+           'FSIEdgeConfig']
 
 # %% ../nbs/08_model.ipynb #869c9d0d
 class Block(nn.Module):
@@ -87,7 +87,7 @@ def chunked_cross_entropy(h:torch.Tensor, # (N, d_model) final hidden states
     with torch.autocast(dev, enabled=False):
         return _FusedLinearCE.apply(h, weight, labels, chunk_size, dtype)
 
-# %% ../nbs/08_model.ipynb #0061ab24
+# %% ../nbs/08_model.ipynb #cb839ec9
 @dataclass
 class ModelOutput:
     "What `FSIEdgeModel` returns."
@@ -108,10 +108,6 @@ class GenerationState:
     def nbytes(self) -> int:
         "Bytes held by the state."
         return sum(t.nbytes for t in (self.pos, self.bracket, self.indent, self.n_anchors)) + sum(s.nbytes() for s in self.layers)
-
-def state_nbytes(state:GenerationState) -> int:
-    "Bytes held by a generation state."
-    return state.nbytes()
 
 # %% ../nbs/08_model.ipynb #01b395da
 _TABLES = dict(newline='newline_table', depth_delta='depth_delta', indent='indent_table')  # buffer names
@@ -260,7 +256,7 @@ class FSIEdgeModel(nn.Module):
         self.train(was_training)
         return torch.cat(out, 1)
 
-# %% ../nbs/08_model.ipynb #1412da3a
+# %% ../nbs/08_model.ipynb #0b2f35bc
 def sample_next(logits:torch.Tensor, # (B, vocab)
                 temperature:float=1.0, top_k:int|None=None, top_p:float|None=None, greedy:bool=False,
                 generator:torch.Generator|None=None) -> torch.Tensor:
@@ -272,8 +268,8 @@ def sample_next(logits:torch.Tensor, # (B, vocab)
         logits = logits.masked_fill(logits < kth, float('-inf'))
     if top_p is not None and top_p < 1.0:
         sorted_logits, order = logits.sort(-1, descending=True)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
-        drop = cum - sorted_logits.softmax(-1) >= top_p  # keep the smallest prefix whose mass reaches top_p
+        probs = sorted_logits.softmax(-1)
+        drop = probs.cumsum(-1) - probs >= top_p         # keep the smallest prefix whose mass reaches top_p
         drop[:, 0] = False                               # ... and always the most likely token
         logits = logits.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float('-inf'))
     return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]

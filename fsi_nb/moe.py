@@ -21,21 +21,21 @@ def _glu(x13):
     a, b = x13.chunk(2, dim=-1)
     return F.silu(a) * b
 
-# %% ../nbs/07_moe.ipynb #a45e6fef
+# %% ../nbs/07_moe.ipynb #17905a9d
 @torch.compiler.disable
 def _experts_loop(xs, dest, gates, counts, w13, w2, y_pop):
     "Add expert e's gated SwiGLU of its rows of `xs` into `y_pop[dest]`, for each expert's contiguous slice of pairs."
     sizes = counts.tolist()
     # unbind, not w13[e]: indexing one expert per step would cost a full-size zero gradient per expert in backward
     for xe, de, ge, w13e, w2e in zip(xs.split(sizes), dest.split(sizes), gates.split(sizes), w13.unbind(0), w2.unbind(0)):
-        y_pop.index_add_(0, de, ((_glu(xe @ w13e) * ge) @ w2e).to(y_pop.dtype))
+        y_pop.index_add_(0, de, (_glu(xe @ w13e) * ge) @ w2e)
     return y_pop
 
-def _experts_grouped(xs, dest, gates, counts, w13, w2, y_pop, dtype):
+def _experts_grouped(xs, dest, gates, counts, w13, w2, y_pop):
     "The same with `torch._grouped_mm` over the slice offsets: no host sync."
     offs = counts.cumsum(0).to(torch.int32)
-    hid = (_glu(torch._grouped_mm(xs.to(dtype), w13.to(dtype), offs=offs)) * gates).to(dtype)
-    return y_pop.index_add(0, dest, torch._grouped_mm(hid, w2.to(dtype), offs=offs).to(y_pop.dtype))
+    hid = _glu(torch._grouped_mm(xs, w13, offs=offs)) * gates
+    return y_pop.index_add(0, dest, torch._grouped_mm(hid, w2, offs=offs))
 
 @torch.compiler.disable
 def _stable_sizes(counts, token, dest, gates):
@@ -52,7 +52,7 @@ def _stable_sizes(counts, token, dest, gates):
     place = lambda t: t.new_zeros((total,) + t.shape[1:]).index_copy(0, pos, t)
     return padded_t, place(token), place(dest), place(gates)
 
-# %% ../nbs/07_moe.ipynb #7413007a
+# %% ../nbs/07_moe.ipynb #0e156f56
 class MoEFFN(nn.Module):
     "Shared + routed SwiGLU experts in populations; sigmoid router with loss-free bias balancing; dropless sorted dispatch."
     def __init__(self, cfg:FSIEdgeConfig, # an MoE config (`n_routed > 0`)
@@ -128,7 +128,7 @@ class MoEFFN(nn.Module):
         if x.device.type == 'cpu' and dtype == torch.bfloat16 and not torch.compiler.is_compiling():  # eager oneDNN: few shapes
             sized, token, dest, gate = _stable_sizes(counts, token, dest, gate)
         args = (hc.index_select(0, token), dest, gate, sized, w13, self.routed_w2.to(dtype), y_pop)
-        y_pop = (_experts_grouped(*args, dtype) if grouped else _experts_loop(*args)).view(n, p, d)
+        y_pop = (_experts_grouped if grouped else _experts_loop)(*args).view(n, p, d)
         y = y_pop[:, 0]
         for i in range(1, p): y = y + y_pop[:, i]  # not y_pop.sum(1): reducing a middle axis of 2 is 10x slower in bf16 on a CPU
         if self.n_shared:  # n_shared SwiGLUs summed == one SwiGLU over their hidden units side by side

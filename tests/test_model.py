@@ -3,7 +3,7 @@ import math, pytest, torch, torch.nn.functional as F
 from fsi_nb.config import FSIEdgeConfig, PRESETS, get_preset
 from fsi_nb.attention import (HybridAttention, local_attention, struct_attention, token_structure,
                               byte_structure_tables, _band_mask, _code_like_ids)
-from fsi_nb.model import FSIEdgeModel, chunked_cross_entropy, state_nbytes, unwrap
+from fsi_nb.model import FSIEdgeModel, chunked_cross_entropy, unwrap
 
 @pytest.fixture(autouse=True)
 def one_thread():
@@ -226,10 +226,10 @@ def test_generation_state_bounded_16k():
             state = m.init_state(1)
             m.prefill(ids[:, :L], state)    # == stepping through them (test_prefill_then_step_equals_parallel)
             for t in range(L, L + 32): m.step(ids[:, t], state)
-            sizes[L] = state_nbytes(state)
+            sizes[L] = state.nbytes()
     assert state.pos.item() == 16384 + 32
     assert sizes[16384] <= 1.1 * sizes[1024], sizes
-    assert sizes[16384] == state_nbytes(m.init_state(1)), 'the state never grows'
+    assert sizes[16384] == m.init_state(1).nbytes(), 'the state never grows'
 
 def test_h100_architecture_smoke():
     "The cloud preset's real architecture (105M params, MoE, d_model 512) runs a CPU step; its step-0 loss is ln(vocab) too."
