@@ -133,7 +133,7 @@ class TrainConfig:
     @property
     def tokens_per_step(self): return self.batch_size * self.grad_accum * self.seq_len
 
-# %% ../nbs/00_config.ipynb #58223303
+# %% ../nbs/00_config.ipynb #28ab651a
 @dataclass(frozen=True)
 class Preset:
     "A named pair of model and training configs."
@@ -158,7 +158,7 @@ PRESETS = {p.name: p for p in [
     _cpu('med', 'CPU recipe "28K-med"', dict(d_model=128, n_layers=4, n_heads=8, kv_heads=4, d_ff=512, max_seq_len=256, window_size=64),
          batch_size=16, grad_accum=4, seq_len=256, max_steps=3000),
     _gpu('h100', 'cloud seed "cipher_cloud_h100"', dict(d_model=512, n_layers=12, n_heads=8, kv_heads=2, max_seq_len=2048, window_size=256, **_moe_h100),
-         batch_size=4, grad_accum=12, seq_len=2048, max_steps=10000, warmup_steps=500),
+         batch_size=16, grad_accum=3, seq_len=2048, max_steps=10000, warmup_steps=500),  # the seed's 48 sequences a step, as 16 x 3
     _gpu('a100', 'sized by fsi_nb.sizing for 8 h on an A100', dict(d_model=1024, n_layers=17, n_heads=16, kv_heads=4, max_seq_len=2048, window_size=256,
          n_routed=32, n_shared=2, top_k=4, expert_d_ff=256), batch_size=8, grad_accum=20, seq_len=2048, max_steps=9600, warmup_steps=500),
     _gpu('h200', 'sized by fsi_nb.sizing for 8 h on an H200', dict(d_model=1280, n_layers=21, n_heads=20, kv_heads=5, max_seq_len=4096, window_size=256,

@@ -99,7 +99,7 @@ def helix_attention(q:torch.Tensor, # (B, H, T, D) queries, RoPE'd and QK-normed
         return torch.cat([blocks[:, :, i:i + nb] for i in range(r + 1)] + summaries, 3).flatten(0, 1)
     queries = F.pad(q, (0, 0, 0, nb * S - T)).view(B * H, nb, S, D)
     out = masked_attention(queries, block_keys(k), block_keys(v), mask)
-    return out.view(B, H, nb * S, D)[:, :, :T]
+    return out.reshape(B, H, nb * S, D)[:, :, :T]  # reshape: a CUDA kernel may return other strides
 
 # %% ../nbs/05_helix.ipynb #5fbd03b6
 class HelixCache:

@@ -55,7 +55,7 @@ class SwiGLU(nn.Module):
 
     def forward(self, x): return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
-# %% ../nbs/04_layers.ipynb #64974626
+# %% ../nbs/04_layers.ipynb #d320c98c
 def kv_index(lo:int, hi:int, n_heads:int, kv_heads:int) -> torch.Tensor:
     "The kv head read by each query head `lo..hi-1` under GQA."
     return torch.arange(lo, hi) // (n_heads // kv_heads)
@@ -63,12 +63,12 @@ def kv_index(lo:int, hi:int, n_heads:int, kv_heads:int) -> torch.Tensor:
 def expand_kv(x:torch.Tensor, # (B, kv_heads, T, D)
               lo:int, hi:int, n_heads:int) -> torch.Tensor:
     "The (B, hi-lo, T, D) keys or values seen by query heads `lo..hi-1`."
+    B, _, T, D = x.shape
     rep = n_heads // x.shape[1]
-    if (hi - lo) % rep == 0 and lo % rep == 0: # whole groups: a view + expand, no gather
-        B, _, T, D = x.shape
-        g = x[:, lo // rep:hi // rep, None].expand(B, (hi - lo) // rep, rep, T, D)
-        return g.reshape(B, hi - lo, T, D)
-    return x[:, kv_index(lo, hi, n_heads, x.shape[1]).to(x.device)]
+    g0, g1 = lo // rep, -(-hi // rep)  # the kv heads these query heads read
+    # slices and expand only: an index tensor would be a host-to-device copy on a GPU, a sync per call
+    g = x[:, g0:g1, None].expand(B, g1 - g0, rep, T, D).reshape(B, (g1 - g0) * rep, T, D)
+    return g[:, lo - g0 * rep:hi - g0 * rep]
 
 # %% ../nbs/04_layers.ipynb #9231a86a
 def _written_out_attention(q, k, v, attn_mask):
