@@ -294,7 +294,7 @@ def bench_loop(presets=('tiny', 'med'), # CPU presets to train briefly
                              tokens_per_sec=r.tokens_per_sec))
     return rows
 
-# %% ../nbs/12_bench.ipynb #26ff952b
+# %% ../nbs/12_bench.ipynb #b70eeb23
 def gpu_rows(names=None, # preset names; default every preset whose TrainConfig.device is 'cuda'
             ) -> list[tuple]:
     "`(name, model config, batch_size, seq_len)` of the GPU presets, each at its own micro-batch and sequence length."
@@ -334,7 +334,7 @@ def bench_device(ceiling:dict, # `matmul_ceiling(device=...)` on the same device
                        first_step_s=first, mfu=tps * flops / (ceiling['bf16_gflops'] * 1e9),
                        mfu_datasheet=tps * flops / sheet if sheet else float('nan'),
                        peak_memory_gb=torch.cuda.max_memory_allocated(device) / 1e9 if on_gpu else float('nan'),
-                       predicted_memory_gb=training_memory(cfg, TrainConfig(batch_size=B, seq_len=T), 'bf16')['total'] / 1e9
+                       predicted_memory_gb=training_memory(cfg, TrainConfig(batch_size=B, seq_len=T, device=device.type), 'bf16')['total'] / 1e9
                                            if kind == 'hybrid' else float('nan'),
                        params_m=sum(p.numel() for p in model.parameters()) / 1e6, first_loss=losses[0], last_loss=losses[-1])
             out.append(row)

@@ -133,7 +133,7 @@ class TrainConfig:
     @property
     def tokens_per_step(self): return self.batch_size * self.grad_accum * self.seq_len
 
-# %% ../nbs/00_config.ipynb #28ab651a
+# %% ../nbs/00_config.ipynb #004a2d93
 @dataclass(frozen=True)
 class Preset:
     "A named pair of model and training configs."
@@ -162,7 +162,7 @@ PRESETS = {p.name: p for p in [
     _gpu('a100', 'sized by fsi_nb.sizing for 8 h on an A100', dict(d_model=1024, n_layers=17, n_heads=16, kv_heads=4, max_seq_len=2048, window_size=256,
          n_routed=32, n_shared=2, top_k=4, expert_d_ff=256), batch_size=8, grad_accum=20, seq_len=2048, max_steps=9600, warmup_steps=500),
     _gpu('h200', 'sized by fsi_nb.sizing for 8 h on an H200', dict(d_model=1280, n_layers=21, n_heads=20, kv_heads=5, max_seq_len=4096, window_size=256,
-         n_routed=32, n_shared=2, top_k=4, expert_d_ff=320), batch_size=4, grad_accum=29, seq_len=4096, max_steps=11900, warmup_steps=500),
+         n_routed=32, n_shared=2, top_k=4, expert_d_ff=320), batch_size=8, grad_accum=15, seq_len=4096, max_steps=11500, warmup_steps=500),
     _gpu('cipher', 'full design: 62 routed experts, top-8, expert d_ff 256', dict(d_model=1024, n_layers=16, n_heads=16, kv_heads=4, max_seq_len=4096,
          window_size=512, n_routed=62, n_shared=2, top_k=8, expert_d_ff=256), batch_size=4, grad_accum=16, seq_len=4096, max_steps=20000, warmup_steps=1000),
 ]}

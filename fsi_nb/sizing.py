@@ -14,10 +14,10 @@ from .config import FSIEdgeConfig, TrainConfig, Preset, PRESETS, get_preset
 
 # %% auto #0
 __all__ = ['GPU_PEAKS', 'ParamCount', 'count_params', 'mean_window_keys', 'popcount_sum', 'attention_keys', 'flops_per_token',
-           'activation_bytes', 'training_memory', 'cpu_name', 'measure_cpu_peak', 'peak_flops', 'throughput',
-           'tokens_in_budget', 'chinchilla_optimal', 'optimizer_steps', 'device_memory', 'report', 'human',
-           'format_report', 'main', 'seed_claims_table', 'plot_tokens_vs_params', 'presets_table', 'report_table',
-           'has_widget_frontend', 'sizing_explorer', 'cloud_shape', 'size_for_budget']
+           'activation_bytes', 'loss_buffer_bytes', 'training_memory', 'cpu_name', 'measure_cpu_peak', 'peak_flops',
+           'throughput', 'tokens_in_budget', 'chinchilla_optimal', 'optimizer_steps', 'device_memory', 'report',
+           'human', 'format_report', 'main', 'seed_claims_table', 'plot_tokens_vs_params', 'presets_table',
+           'report_table', 'has_widget_frontend', 'sizing_explorer', 'cloud_shape', 'size_for_budget']
 
 # %% ../nbs/01_sizing.ipynb #ed9b4704
 def _resolve(x) -> Preset:
@@ -114,14 +114,16 @@ def flops_per_token(cfg:FSIEdgeConfig, # or a preset name / `Preset`
     f['total'] = sum(f.values())
     return f
 
-# %% ../nbs/01_sizing.ipynb #189abdb3
+# %% ../nbs/01_sizing.ipynb #ed958b46
 def activation_bytes(cfg:FSIEdgeConfig, # or a preset name / `Preset`
                      seq_len:int,       # tokens per sequence
-                     precision='bf16'   # 'bf16' (autocast) or 'fp32'
+                     precision='bf16',  # 'bf16' (autocast) or 'fp32'
+                     loss='chunked',    # 'chunked': the trainer's fused loss; 'plain': full logits (`return_logits=True`)
                     ) -> dict:
     "Bytes per token the forward saves for the backward: `layer` (one layer), `layer_input`, `head`."
     cfg = _model(cfg)
     if precision not in ('bf16', 'fp32'): raise ValueError(f"precision={precision!r} is unknown. Fix: use 'bf16' or 'fp32'.")
+    if loss not in ('chunked', 'plain'): raise ValueError(f"loss={loss!r} is unknown. Fix: use 'chunked' (the trainer's) or 'plain'.")
     bf16 = precision == 'bf16'
     c, f32 = (2 if bf16 else 4), 4
     d, hd, nh, kv = cfg.d_model, cfg.head_dim, cfg.n_heads, cfg.kv_heads
@@ -141,21 +143,31 @@ def activation_bytes(cfg:FSIEdgeConfig, # or a preset name / `Preset`
     else:
         ffn = norm + inputs(2) + 4 * cfg.d_ff * c
     dropout = 2 * d if cfg.dropout > 0 else 0                         # one-byte masks after attention and FFN
-    head = norm + inputs(1) + cfg.vocab_size * (c + f32 + f32)       # logits, log-softmax, their gradient
+    if loss == 'plain': head = norm + inputs(1) + cfg.vocab_size * (c + f32 + f32)  # logits, log-softmax, their gradient
+    else: head = norm + d * f32                                       # the fused loss keeps only d loss / d hidden
     return dict(layer=attention + ffn + dropout, layer_input=d * f32, head=head)
+
+def loss_buffer_bytes(cfg:FSIEdgeConfig, # or a preset name / `Preset`
+                      tokens:int,        # tokens in one micro-batch (a chunk is never longer)
+                      precision='bf16', device='cuda') -> int:
+    "Bytes the fused loss holds besides per-token activations: the output layer's fp32 gradient and one chunk of logits (fp32, and its cast)."
+    cfg = _model(cfg)
+    rows = min(tokens, max(32, (1 << (22 if device == 'cpu' else 25)) // cfg.vocab_size))  # `chunked_cross_entropy`'s chunk
+    return cfg.vocab_size * cfg.d_model * 4 + rows * cfg.vocab_size * (4 + (2 if precision == 'bf16' else 4))
 
 def training_memory(cfg:FSIEdgeConfig,      # or a preset name / `Preset`
                     train:TrainConfig=None, # micro-batch and sequence; default the preset's, else TrainConfig()
                     precision:str=None,     # 'bf16' or 'fp32'; default train.precision
-                    checkpointing=False     # one activation checkpoint per layer
+                    checkpointing=False,    # one activation checkpoint per layer
+                    loss='chunked'          # 'chunked' (the trainer's fused loss) or 'plain' (full logits)
                    ) -> dict:
-    "Bytes a training step needs: weights, master weights, grads, Adam states, activations, total."
+    "Bytes a training step needs: weights, master weights, grads, Adam states, activations, loss buffers, total."
     p = _resolve(cfg)
     cfg, train = p.model, train or p.train
     precision = precision or train.precision
     if precision == 'auto': precision = 'fp32' if train.device == 'cpu' else 'bf16'  # the conservative case for a CPU preset
     P = count_params(cfg).total
-    a = activation_bytes(cfg, train.seq_len, precision)
+    a = activation_bytes(cfg, train.seq_len, precision, loss)
     tokens = train.batch_size * train.seq_len                      # one micro-batch is alive at a time
     full = tokens * (cfg.n_layers * a['layer'] + a['head'])
     checkpointed = tokens * (cfg.n_layers * a['layer_input'] + a['layer'] + a['head'])
@@ -165,8 +177,9 @@ def training_memory(cfg:FSIEdgeConfig,      # or a preset name / `Preset`
              grads=P * 4,
              adam_states=P * 8,                    # exp_avg and exp_avg_sq in fp32
              activations=checkpointed if checkpointing else full,
-             activations_full=full, activations_checkpointed=checkpointed)
-    m['total'] = sum(m[k] for k in ('weights', 'master_weights', 'grads', 'adam_states', 'activations'))
+             activations_full=full, activations_checkpointed=checkpointed,
+             loss_buffers=loss_buffer_bytes(cfg, tokens, precision, train.device) if loss == 'chunked' else 0)
+    m['total'] = sum(m[k] for k in ('weights', 'master_weights', 'grads', 'adam_states', 'activations', 'loss_buffers'))
     return m
 
 # %% ../nbs/01_sizing.ipynb #fe7a4b31

@@ -80,19 +80,25 @@ def test_popcount_sum_brute_force():
 
 def test_memory_by_hand():
     cfg, train = FSIEdgeConfig(**DENSE), TrainConfig(batch_size=2, seq_len=4)
-    a = activation_bytes(cfg, 4, 'fp32')
+    a = activation_bytes(cfg, 4, 'fp32', loss='plain')
     # attention: norm (2*8+1)*4 + shared input 8*4 + QK-Norm (2*4+1)*(2+1)*4 + q,k,v (2+2)*4*4 + out 2*4*4 + lse 2*4
     #            + wo input 2*4*4 + Helix 1 head * 2 * ceil(log2 4) * 4 * 4 = 408;  ffn: 68 + 32 + 4*16*4 = 356
     assert a['layer'] == 408 + 356
     assert a['head'] == 68 + 32 + 100 * 12 and a['layer_input'] == 32
-    m = training_memory(cfg, train, 'fp32')
+    m = training_memory(cfg, train, 'fp32', loss='plain')
     assert (m['weights'], m['master_weights'], m['grads'], m['adam_states']) == (4 * 1408, 0, 4 * 1408, 8 * 1408)
-    assert m['activations'] == 8 * (764 + 1300) and m['total'] == 16 * 1408 + 8 * 2064
-    assert training_memory(cfg, train, 'fp32', checkpointing=True)['activations'] == 8 * (32 + 764 + 1300)
+    assert m['activations'] == 8 * (764 + 1300) and m['total'] == 16 * 1408 + 8 * 2064 and m['loss_buffers'] == 0
+    assert training_memory(cfg, train, 'fp32', checkpointing=True, loss='plain')['activations'] == 8 * (32 + 764 + 1300)
     b = training_memory(cfg, train, 'bf16')
     assert (b['weights'], b['master_weights']) == (2 * 1408, 4 * 1408)
-    assert training_memory(cfg, replace(train, batch_size=4), 'fp32')['activations'] == 2 * m['activations']
-    assert training_memory(cfg, replace(train, grad_accum=8), 'fp32') == m   # accumulation does not add activations
+    assert training_memory(cfg, replace(train, batch_size=4), 'fp32')['activations'] == 2 * training_memory(cfg, train, 'fp32')['activations']
+    assert training_memory(cfg, replace(train, grad_accum=8), 'fp32') == training_memory(cfg, train, 'fp32')  # accumulation adds none
+    # the trainer's fused loss: the head keeps the final norm (68) and d loss / d hidden (8 * 4); besides, the lm_head's
+    # fp32 gradient (100 * 8 * 4) and one chunk of logits, fp32 and its fp32 cast: all 8 tokens in one chunk (8 * 100 * 8)
+    c = training_memory(cfg, train, 'fp32')
+    assert activation_bytes(cfg, 4, 'fp32')['head'] == 68 + 32
+    assert c['activations'] == 8 * (764 + 100) and c['loss_buffers'] == 100 * 8 * 4 + 8 * 100 * 8
+    assert c['total'] == 16 * 1408 + 8 * 864 + 3200 + 6400
 
 
 def test_checkpointing_saves_memory_on_deep_models():
@@ -255,31 +261,50 @@ def test_sizing_notebook_under_papermill(tmp_path):
 SHRUNK = {'tiny': {}, 'h100': dict(n_layers=2, d_model=256, expert_d_ff=64, vocab_size=4096, window_size=32)}  # MoE, all head kinds
 
 
-@pytest.mark.parametrize('name, seq_len', [('tiny', 128), ('h100', 128)])   # 128 > window: Helix clusters in play
-@pytest.mark.parametrize('precision', ['fp32', 'bf16'])
-def test_activation_estimate_matches_the_real_model(name, seq_len, precision):
-    """Per-token activations of the built model (saved tensors + the returned logits) against `activation_bytes`."""
+def saved_per_token(model, cfg, seq_len, precision, loss):
+    "Bytes per token autograd keeps for one step of `model` (saved tensors + returned logits), by the batch-2 minus batch-1 difference."
     import torch
-    model_mod = pytest.importorskip('fsi_nb.model')
-    cfg = replace(PRESETS[name].model, **SHRUNK[name])
-    torch.manual_seed(0)
-    model = model_mod.FSIEdgeModel(cfg)
-
     def per_step(batch):
         seen = {}
         def pack(t): seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes(); return t
         ids = torch.randint(0, cfg.vocab_size, (batch, seq_len))
         with torch.autocast('cpu', dtype=torch.bfloat16, enabled=precision == 'bf16'), \
              torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = model(input_ids=ids, labels=ids)
-        held = out.logits.untyped_storage()        # alive until the step ends, saved or not
-        seen.setdefault(held.data_ptr(), held.nbytes())
+            out = model(input_ids=ids, labels=ids, return_logits=loss == 'plain')
+        if out.logits is not None:
+            held = out.logits.untyped_storage()    # alive until the step ends, saved or not
+            seen.setdefault(held.data_ptr(), held.nbytes())
         return sum(seen.values())
+    return (per_step(2) - per_step(1)) / seq_len           # the batch difference leaves only per-token tensors
 
-    measured = (per_step(2) - per_step(1)) / seq_len          # the batch difference leaves only per-token tensors
-    a = activation_bytes(cfg, seq_len, precision)
+def shrunk_model(name):
+    import torch
+    model_mod = pytest.importorskip('fsi_nb.model')
+    cfg = replace(PRESETS[name].model, **SHRUNK[name])
+    torch.manual_seed(0)
+    return model_mod.FSIEdgeModel(cfg), cfg
+
+
+@pytest.mark.parametrize('name, seq_len', [('tiny', 128), ('h100', 128)])   # 128 > window: Helix clusters in play
+@pytest.mark.parametrize('precision', ['fp32', 'bf16'])
+def test_activation_estimate_matches_the_real_model(name, seq_len, precision):
+    """Per-token activations of the built model (saved tensors + the returned logits) against `activation_bytes`."""
+    model, cfg = shrunk_model(name)
+    measured = saved_per_token(model, cfg, seq_len, precision, 'plain')
+    a = activation_bytes(cfg, seq_len, precision, loss='plain')
     estimate = cfg.n_layers * a['layer'] + a['head'] - 4 * cfg.vocab_size   # hooks cannot see the logits' gradient
     assert measured / estimate == pytest.approx(1, abs=0.1), (measured, estimate)
+
+
+@pytest.mark.parametrize('name', ['tiny', 'h100'])
+@pytest.mark.parametrize('precision', ['fp32', 'bf16'])
+def test_fused_loss_head_estimate_matches_the_real_model(name, precision):
+    """What the trainer's fused loss saves per token, against `activation_bytes(loss='chunked')`: the same model run
+    both ways, so the layers cancel and only the head is compared."""
+    model, cfg = shrunk_model(name)
+    fused, full = (saved_per_token(model, cfg, 128, precision, loss) for loss in ('chunked', 'plain'))
+    est = {loss: activation_bytes(cfg, 128, precision, loss)['head'] for loss in ('chunked', 'plain')}
+    assert full - fused == pytest.approx(est['plain'] - 4 * cfg.vocab_size - est['chunked'], rel=0.02), (full - fused, est)
 
 
 def test_sizing_notebook_explorer_in_a_real_kernel(tmp_path):
