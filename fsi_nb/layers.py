@@ -11,7 +11,7 @@ import torch, torch.nn as nn, torch.nn.functional as F
 # %% auto #0
 __all__ = ['RMSNorm', 'rope_at', 'rope_cache', 'apply_rope', 'SwiGLU', 'kv_index', 'expand_kv', 'masked_attention']
 
-# %% ../nbs/04_layers.ipynb #0632bf36
+# %% ../nbs/04_layers.ipynb #430e95e5
 class RMSNorm(nn.Module):
     "Root-mean-square norm with a learned gain (no bias, no mean subtraction)."
     def __init__(self, dim:int, eps:float=1e-5):
@@ -19,9 +19,10 @@ class RMSNorm(nn.Module):
         self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        # in fp32 so bf16 autocast does not lose the small-variance tail
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+        # torch's own kernel (one fused launch on a GPU, where the model is launch-bound), in fp32 so bf16 autocast
+        # does not lose the small-variance tail
+        y = F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps)
+        return y.to(torch.promote_types(x.dtype, self.weight.dtype))  # fp32 for fp32 weights; bf16 for a bf16-cast model
 
 # %% ../nbs/04_layers.ipynb #93c18db2
 def rope_at(head_dim:int, # channels per head (even)
