@@ -8,7 +8,8 @@ COLUMNS = dict(  # what each table must report
     options=('hybrid_tokens_per_sec', 'dense_tokens_per_sec', 'ratio', 'hybrid_mfu', 'dense_mfu'),
     helix=('parallel_ms', 'loop_ms', 'speedup', 'parallel_us_per_token', 'loop_us_per_token'),
     moe=('moe_tokens_per_sec', 'dense_tokens_per_sec', 'ratio'),
-    loop=('compute_ms', 'data_ms', 'log_ms_amortized', 'checkpoint_ms_amortized', 'step_ms', 'overhead'))
+    loop=('compute_ms', 'data_ms', 'log_ms_amortized', 'checkpoint_ms_amortized', 'step_ms', 'overhead'),
+    ops=('hybrid_ops', 'dense_ops', 'ratio'))
 
 def _bench(*args, tmp_path):
     return subprocess.run([sys.executable, '-m', 'fsi_nb.bench', *args], cwd=tmp_path, capture_output=True, text=True, timeout=600)
@@ -38,6 +39,7 @@ def test_quick_json_has_every_table(tmp_path, prepared_data):
     bad = [v for v in _numbers(res) if not (math.isfinite(v) and v > 0)]
     assert not bad, f'non-positive or non-finite numbers: {bad}'
     assert 'Matmul ceiling' in r.stdout and 'MFU' in r.stdout and 'Targets' in r.stdout
+    assert all(row['hybrid_ops'] > row['dense_ops'] for row in res['ops'])  # three head kinds and Helix: more operators
 
 def test_unknown_table_names_the_fix(tmp_path):
     r = _bench('--only', 'step,warp', tmp_path=tmp_path)
