@@ -295,11 +295,12 @@ def bench_loop(presets=('tiny', 'med'), # CPU presets to train briefly
                              tokens_per_sec=r.tokens_per_sec))
     return rows
 
-# %% ../nbs/12_bench.ipynb #7148f1b2
-_NO_WORK = frozenset({'_unsafe_view', 'lift_fresh', 'empty', 'empty_strided', 'empty_like', 'new_empty', 'new_empty_strided', 'resize_'})
+# %% ../nbs/12_bench.ipynb #cb7d6bd1
+_NO_WORK = frozenset({'_unsafe_view', 'lift_fresh', 'empty', 'empty_strided', 'empty_like', 'new_empty', 'new_empty_strided', 'resize_',
+                      'promote_types', 'sym_size', 'sym_numel', 'sym_stride'})  # metadata only
 
 class OpCounter(TorchDispatchMode):
-    "Counts the operators dispatched inside it that do work: not views (`OpOverload.is_view`), not bare allocations."
+    "Counts the operators dispatched inside it that do work: not views (`OpOverload.is_view`), bare allocations or metadata."
     def __init__(self): super().__init__(); self.count = 0
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if not func.is_view and func.overloadpacket.__name__ not in _NO_WORK: self.count += 1
