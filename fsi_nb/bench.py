@@ -22,8 +22,8 @@ from .train import make_optimizer, resolve_precision, train, tune_cpu_allocator
 # %% auto #0
 __all__ = ['TABLES', 'median_times', 'median_time', 'matmul_ceiling', 'DenseAttention', 'DenseBlock', 'DenseDecoder',
            'dense_flops_per_token', 'train_step', 'step_throughputs', 'step_throughput', 'cpu_moe_config',
-           'active_d_ff', 'step_rows', 'default_loss', 'bench_step', 'bench_options', 'bench_helix', 'moe_shapes',
-           'bench_moe', 'bench_loop', 'OpCounter', 'ops_per_step', 'ops_rows', 'bench_ops', 'gpu_rows',
+           'active_d_ff', 'preset_row', 'step_rows', 'default_loss', 'bench_step', 'bench_options', 'bench_helix',
+           'moe_shapes', 'bench_moe', 'bench_loop', 'OpCounter', 'ops_per_step', 'ops_rows', 'bench_ops', 'gpu_rows',
            'datasheet_peak', 'bench_device', 'default_tables', 'run_bench', 'format_report', 'summary', 'main']
 
 # %% ../nbs/12_bench.ipynb #761d6c1f
@@ -180,10 +180,15 @@ def active_d_ff(cfg:FSIEdgeConfig) -> int:
     "Hidden size of the dense SwiGLU with the same active FFN parameters: (shared + top_k) experts, or `d_ff`."
     return (cfg.n_shared + cfg.top_k) * cfg.expert_d_ff if cfg.is_moe else cfg.d_ff
 
-# %% ../nbs/12_bench.ipynb #4abcf24b
+# %% ../nbs/12_bench.ipynb #f59b0f5b
+def preset_row(name:str) -> tuple:
+    "`(name, model config, batch_size, seq_len)` of a preset at its own micro-batch and sequence length: one row of a table."
+    p = get_preset(name)
+    return name, p.model, p.train.batch_size, p.train.seq_len
+
 def step_rows(quick:bool=False) -> list[tuple]:
     "`(name, model config, batch_size, seq_len)` of the step table: tiny, small, med and the CPU-sized MoE."
-    rows = [(n, get_preset(n).model, get_preset(n).train.batch_size, get_preset(n).train.seq_len) for n in ('tiny', 'small', 'med')]
+    rows = [preset_row(n) for n in ('tiny', 'small', 'med')]
     rows.append(('h100-cpu (MoE)', cpu_moe_config(), 16, 256))
     return [(n, c, 2, 64) for n, c, _, _ in rows] if quick else rows
 
@@ -295,7 +300,7 @@ def bench_loop(presets=('tiny', 'med'), # CPU presets to train briefly
                              tokens_per_sec=r.tokens_per_sec))
     return rows
 
-# %% ../nbs/12_bench.ipynb #cb7d6bd1
+# %% ../nbs/12_bench.ipynb #493c210a
 _NO_WORK = frozenset({'_unsafe_view', 'lift_fresh', 'empty', 'empty_strided', 'empty_like', 'new_empty', 'new_empty_strided', 'resize_',
                       'promote_types', 'sym_size', 'sym_numel', 'sym_stride'})  # metadata only
 
@@ -315,8 +320,8 @@ def ops_per_step(model:nn.Module, batch_size:int, seq_len:int, precision:str='bf
 
 def ops_rows(quick:bool=False) -> list[tuple]:
     "`(name, config, batch_size, seq_len)` of the operator table: the step table's rows, and (full run) the `h100` preset at one sequence."
-    h100 = get_preset('h100')
-    return step_rows(quick) + ([] if quick else [('h100', h100.model, 1, h100.train.seq_len)])
+    name, cfg, _, seq_len = preset_row('h100')
+    return step_rows(quick) + ([] if quick else [(name, cfg, 1, seq_len)])
 
 def bench_ops(rows=None, precisions=('bf16',)) -> list[dict]:
     "Operators per training step of `FSIEdgeModel` beside `DenseDecoder` (same sizes, the MoE's active FFN) for each row."
@@ -328,12 +333,11 @@ def bench_ops(rows=None, precisions=('bf16',)) -> list[dict]:
             out.append(dict(preset=name, precision=precision, batch_size=B, seq_len=T, hybrid_ops=h, dense_ops=d, ratio=h / d))
     return out
 
-# %% ../nbs/12_bench.ipynb #b70eeb23
+# %% ../nbs/12_bench.ipynb #887b5777
 def gpu_rows(names=None, # preset names; default every preset whose TrainConfig.device is 'cuda'
             ) -> list[tuple]:
     "`(name, model config, batch_size, seq_len)` of the GPU presets, each at its own micro-batch and sequence length."
-    names = names or [n for n, p in PRESETS.items() if p.train.device == 'cuda']
-    return [(n, get_preset(n).model, get_preset(n).train.batch_size, get_preset(n).train.seq_len) for n in names]
+    return [preset_row(n) for n in names or [n for n, p in PRESETS.items() if p.train.device == 'cuda']]
 
 def datasheet_peak(device) -> float|None:
     "The datasheet bf16 FLOP/s of `device`'s GPU when `fsi_nb.sizing.GPU_PEAKS` knows its name (A100, H100, H200), else None."
@@ -373,7 +377,7 @@ def bench_device(ceiling:dict, # `matmul_ceiling(device=...)` on the same device
                        params_m=sum(p.numel() for p in model.parameters()) / 1e6, first_loss=losses[0], last_loss=losses[-1])
             out.append(row)
             if log: log(row)
-            del model, step; losses.clear()
+            del model, step
             if compiled: torch._dynamo.reset()  # drop the compiled graphs (and the weights they hold) before the next model
     return out
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, asdict, replace, fields
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['PRESETS', 'FSIEdgeConfig', 'TrainConfig', 'Preset', 'get_preset', 'config_to_dict', 'config_from_dict', 'Settings',
-           'find_settings', 'load_settings']
+__all__ = ['LOSS_CHUNK_LOGITS', 'PRESETS', 'FSIEdgeConfig', 'TrainConfig', 'loss_chunk_rows', 'Preset', 'get_preset',
+           'config_to_dict', 'config_from_dict', 'Settings', 'find_settings', 'load_settings']
 
 # %% ../nbs/00_config.ipynb #d7b58579
 def _check(ok, field_name, value, problem, fix):
@@ -132,6 +132,13 @@ class TrainConfig:
 
     @property
     def tokens_per_step(self): return self.batch_size * self.grad_accum * self.seq_len
+
+# %% ../nbs/00_config.ipynb #515e1636
+LOSS_CHUNK_LOGITS = dict(cpu=1 << 22, gpu=1 << 25)  # logits per chunk of the fused loss: 16 MB fp32 on a CPU, 128 MB on a GPU
+
+def loss_chunk_rows(vocab_size:int, device_type:str) -> int:
+    "Rows per chunk of the trainer's fused loss: as many as fit `LOSS_CHUNK_LOGITS` logits, at least 32."
+    return max(32, LOSS_CHUNK_LOGITS['cpu' if device_type == 'cpu' else 'gpu'] // vocab_size)
 
 # %% ../nbs/00_config.ipynb #004a2d93
 @dataclass(frozen=True)

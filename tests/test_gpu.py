@@ -6,19 +6,12 @@ import json, math, subprocess, sys
 import pytest, torch
 
 from fsi_nb.attention import _code_like_ids
-from fsi_nb.config import FSIEdgeConfig
 from fsi_nb.evaluate import load_run, validation_loss
 from fsi_nb.model import FSIEdgeModel
 from fsi_nb.moe import MoEFFN
+from test_model import small_cfg   # the model tests' size: Helix merges often at T=300, 8 experts in two populations
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU (torch.cuda.is_available() is False)')
-
-def small_cfg(moe=True, **kw):
-    "tests/test_model.py's test size: Helix merges often at T=300, 8 experts in two populations."
-    base = dict(vocab_size=512, d_model=48, n_layers=2, n_heads=6, kv_heads=2, d_ff=96, max_seq_len=128,
-                window_size=16, struct_lines=4, local_heads=2, struct_heads=2, global_heads=2)
-    if moe: base.update(n_routed=8, n_shared=1, top_k=4, expert_d_ff=32)
-    return FSIEdgeConfig(**{**base, **kw})
 
 @pytest.fixture(autouse=True)
 def exact_fp32():
@@ -58,7 +51,7 @@ def test_cuda_streaming_equals_parallel(moe):
 
 def test_cuda_grouped_dispatch_equals_loop_in_bf16():
     "The GPU's `torch._grouped_mm` expert dispatch (what 'auto' picks under bf16) equals the per-expert loop."
-    cfg = small_cfg(d_model=96, n_routed=16, top_k=4, expert_d_ff=64)
+    cfg = small_cfg(True, d_model=96, n_routed=16, top_k=4, expert_d_ff=64)
     torch.manual_seed(0)
     grouped = MoEFFN(cfg, dispatch='grouped').cuda()
     loop = MoEFFN(cfg, dispatch='loop').cuda(); loop.load_state_dict(grouped.state_dict())
