@@ -54,7 +54,7 @@ def _stable_sizes(counts, token, dest, gates):
     place = lambda t: t.new_zeros((total,) + t.shape[1:]).index_copy(0, pos, t)
     return padded_t, place(token), place(dest), place(gates)
 
-# %% ../nbs/07_moe.ipynb #0e156f56
+# %% ../nbs/07_moe.ipynb #7e37f118
 class MoEFFN(nn.Module):
     "Shared + routed SwiGLU experts in populations; sigmoid router with loss-free bias balancing; dropless sorted dispatch."
     def __init__(self, cfg:FSIEdgeConfig, # an MoE config (`n_routed > 0`)
@@ -117,28 +117,27 @@ class MoEFFN(nn.Module):
         expert = idx.reshape(-1)                                   # (N*top_k,)
         order = expert.argsort(stable=True)
         token = order // k                                         # each sorted pair's token
-        dest = token * p + expert[order] // (self.n_routed // p)   # ... and its (token, population) output row
+        dest = expert[order] // (self.n_routed // p) * n + token   # ... and its output row: population-major
         counts = expert.new_zeros(self.n_routed).index_add_(0, expert, torch.ones_like(expert))  # pairs per expert (static shape, unlike bincount)
         dtype = self._compute_dtype(x)  # the experts' matmul dtype: bf16 under autocast
         grouped = self.dispatch == 'grouped' or (self.dispatch == 'auto' and self._can_group and dtype == torch.bfloat16
                                                  and (x.is_cuda or not torch.compiler.is_compiling()))
         hc = h.to(dtype)  # cast once before the gather, not once per expert slice (a no-op in fp32)
         w13 = torch.cat([self.routed_w1, self.routed_w3], dim=-1).to(dtype)  # (n_routed, d_model, 2*expert_d_ff)
-        # the populations' outputs stay apart (rows token*p + population) for the orthogonality term
-        y_pop = torch.zeros(n * p, d, device=x.device, dtype=dtype)
+        # the populations' outputs stay apart, one contiguous (N, d) block each, for the orthogonality term
+        y_pop = torch.zeros(p * n, d, device=x.device, dtype=dtype)
         sized, gate = counts, gates.reshape(-1, 1)[order].to(dtype)
         if x.device.type == 'cpu' and dtype == torch.bfloat16 and not torch.compiler.is_compiling():  # eager oneDNN: few shapes
             sized, token, dest, gate = _stable_sizes(counts, token, dest, gate)
         args = (hc.index_select(0, token), dest, gate, sized, w13, self.routed_w2.to(dtype), y_pop)
-        y_pop = (_experts_grouped if grouped else _experts_loop)(*args).view(n, p, d)
-        y = y_pop[:, 0]
-        for i in range(1, p): y = y + y_pop[:, i]  # not y_pop.sum(1): reducing a middle axis of 2 is 10x slower in bf16 on a CPU
+        y_pop = (_experts_grouped if grouped else _experts_loop)(*args).view(p, n, d)
+        y = functools.reduce(torch.add, y_pop.unbind(0))  # unbind: its backward stacks, where indexing would zero-fill y_pop's size per population
         if self.n_shared:  # n_shared SwiGLUs summed == one SwiGLU over their hidden units side by side
             ff = self.shared_w1.shape[-1] * self.n_shared
             sw13 = torch.cat([w.permute(1, 0, 2).reshape(d, ff) for w in (self.shared_w1, self.shared_w3)], dim=-1)
             y = y + _glu(hc @ sw13.to(dtype)) @ self.shared_w2.reshape(ff, d).to(dtype)
 
-        aux = dict(z_loss=torch.logsumexp(logits, dim=-1).square().mean(), orthogonality=_population_overlap(y_pop))
+        aux = dict(z_loss=torch.logsumexp(logits, dim=-1).square().mean(), orthogonality=_population_overlap(y_pop.transpose(0, 1)))
         self._count_load(counts)
         return y.to(x.dtype).view(shape), aux, self._routing_stats(counts, aux['orthogonality'])
 
@@ -165,7 +164,7 @@ class MoEFFN(nn.Module):
         self.router_bias.add_(self.router_bias_rate * torch.sign(load.mean() - load))
         load.zero_()
 
-# %% ../nbs/07_moe.ipynb #ec36c8fd
+# %% ../nbs/07_moe.ipynb #1c928203
 def _population_overlap_reference(y_pop): # (N, n_populations, d_model) each population's gated output per token
     "Mean over tokens (and population pairs) of the squared cosine similarity between populations' outputs (plain autograd)."
     p = y_pop.shape[1]
@@ -176,12 +175,13 @@ def _population_overlap_reference(y_pop): # (N, n_populations, d_model) each pop
     return torch.stack(terms, -1).mean()
 
 class _PopulationOverlap(torch.autograd.Function):
-    "The same value with the gradient written out: two passes over `y_pop` instead of autograd's broadcast products."
+    """The same value with the gradient written out: two passes over `y_pop` instead of autograd's broadcast products,
+    one population's `(N, d)` slice at a time (contiguous when `y_pop` is a view of population-major memory)."""
     @staticmethod
     def forward(ctx, y): # (N, p, d) in the experts' dtype; sums accumulate in fp32 (fp64 for fp64)
         acc, p = torch.promote_types(y.dtype, torch.float32), y.shape[1]
         ctx.pairs = [(i, j) for i in range(p) for j in range(i + 1, p)]
-        sq = (y * y).sum(-1, dtype=acc)                                                   # (N, p)
+        sq = torch.stack([(y[:, i] * y[:, i]).sum(-1, dtype=acc) for i in range(p)], -1)  # (N, p)
         dots = torch.stack([(y[:, i] * y[:, j]).sum(-1, dtype=acc) for i, j in ctx.pairs], -1)  # (N, pairs)
         cos = dots / torch.stack([sq[:, i] * sq[:, j] for i, j in ctx.pairs], -1).clamp_min(1e-30)  # dot / (|a|^2 |b|^2)
         ctx.save_for_backward(y, sq, dots, cos)
@@ -199,11 +199,14 @@ class _PopulationOverlap(torch.autograd.Function):
             for a in (i, j):
                 self_term = -c * dots[:, n] / sq[:, a].clamp_min(1e-30)
                 coef[a][a] = self_term if coef[a][a] is None else coef[a][a] + self_term
-        p = y.shape[1]
-        return torch.stack([functools.reduce(torch.add, (y[:, j] * coef[i][j][:, None].to(y.dtype) for j in range(p)))
-                            for i in range(p)], 1)
+        grad_y = torch.empty_like(y)                                      # y's memory layout, so slices stay contiguous
+        for i in range(y.shape[1]):
+            torch.mul(y[:, i], coef[i][i][:, None].to(y.dtype), out=grad_y[:, i])
+            for j in range(y.shape[1]):
+                if j != i: grad_y[:, i].addcmul_(y[:, j], coef[i][j][:, None].to(y.dtype))
+        return grad_y
 
-def _population_overlap(y_pop): # (N, n_populations, d_model)
+def _population_overlap(y_pop): # (N, n_populations, d_model), any strides
     "Mean over tokens (and population pairs) of the squared cosine similarity between populations' outputs."
     if y_pop.shape[1] < 2: return y_pop.new_zeros((), dtype=torch.float32)
     with torch.autocast(y_pop.device.type, enabled=False): return _PopulationOverlap.apply(y_pop)
