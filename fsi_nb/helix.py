@@ -52,11 +52,11 @@ def _pyramid(x): # (B, H, N, D)
         levels.append(x)
     return levels
 
-# %% ../nbs/05_helix.ipynb #51f22e63
-def _candidates_per_block(S, j):
-    "Most level-j groups (`n >> (j+1)`) whose clusters S consecutive queries can use."
-    if 2 ** j >= S: return 1                                  # the upper halves are >= S apart: one at most
-    return max(((a + S - 1 - 2 ** j) >> (j + 1)) - (a >> (j + 1)) + 1 for a in range(2 ** (j + 1)))
+# %% ../nbs/05_helix.ipynb #7a146c5d
+def _candidates_per_block(T, W, S, j):
+    "Most level-j groups any query block uses, counted from its first query's group (`n >> (j+1)`) to its last used."
+    # block b's queries have n = b*S - W + 1 .. b*S + S - W; the last used group is the last n with bit j set's
+    return max(1, max(((b * S + S - W - 2 ** j) >> (j + 1)) - ((b * S - W + 1) >> (j + 1)) + 1 for b in range(-(-T // S))))
 
 def _helix_mask(T, W, S, device=None, dtype=torch.float32):
     "Per level j >= 1, pyramid indices (nb, K_j) of each query block's candidates; the additive mask (1, nb, S, keys)."
@@ -68,7 +68,7 @@ def _helix_mask(T, W, S, device=None, dtype=torch.float32):
     size1 = ((n > 0) & (n & 1 == 1)).long()                             # n odd: token t-W is a cluster of 1
     masks, idx = [bias((s <= t) & (s > t - W - size1) & (s >= 0), 0.0)], []
     for j in range(1, n_old.bit_length()):
-        g = (n[:, :1] >> (j + 1)) + torch.arange(_candidates_per_block(S, j), device=device)  # (nb, 1, K) groups
+        g = (n[:, :1] >> (j + 1)) + torch.arange(_candidates_per_block(T, W, S, j), device=device)  # (nb, 1, K) groups
         idx.append((2 * g[:, 0]).clamp(0, (n_old >> j) - 1))                                  # even block 2g
         masks.append(bias((n > 0) & (n >> j & 1 == 1) & (n >> (j + 1) == g), j * math.log(2)))
     return idx, torch.cat(masks, 2)[None]
