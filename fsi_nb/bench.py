@@ -142,7 +142,7 @@ def train_step(model:nn.Module, # returns `.loss` (or a loss tensor) for `model(
     "`(step, losses)`: a function running one full training step (forward, backward, AdamW, router-bias update) on one random batch, and the list it appends each loss to."
     dev = next(model.parameters()).device
     x = torch.randint(0, model.cfg.vocab_size, (batch_size, seq_len), generator=torch.Generator().manual_seed(seed)).to(dev)
-    opt = make_optimizer(model, TrainConfig())  # the trainer's AdamW and parameter groups (fused on a GPU)
+    opt = make_optimizer(model, TrainConfig())  # the trainer's AdamW (fused) and parameter groups
     fwd = torch.compile(model) if compile else model
     update_bias, losses = getattr(model, 'update_router_bias', None), []
     def step():
