@@ -43,12 +43,14 @@ def helix_attention_loop(q:torch.Tensor, # (B, H, T, D) queries
         out.append((logits.softmax(-1)[..., None] * values).sum(2))
     return torch.stack(out, 2)
 
-# %% ../nbs/05_helix.ipynb #2377605f
+# %% ../nbs/05_helix.ipynb #67b15683
 def _pyramid(x): # (B, H, N, D)
     "Levels of pairwise means of `x` along dim 2: level j block i is the mean of tokens i*2**j .. (i+1)*2**j - 1."
     levels = [x]
-    while x.shape[2] > 1:                              # mean of 2 = (older + newer) / 2, the counter's merge exactly
-        x = x[:, :, :x.shape[2] // 2 * 2].unflatten(2, (-1, 2)).mean(3)
+    while x.shape[2] > 1:
+        m = x.shape[2] // 2 * 2
+        # (older + newer) / 2, the counter's merge bit for bit (* 0.5 is exact); two strided views, not mean(dim of 2)
+        x = (x[:, :, 0:m:2] + x[:, :, 1:m:2]) * 0.5
         levels.append(x)
     return levels
 
@@ -79,7 +81,39 @@ def _cached_helix_mask(*args):
 
 def _block_size(W): return -(-W // -(-W // 64))              # <= 64, splitting the window into equal blocks
 
-# %% ../nbs/05_helix.ipynb #46ee8066
+# %% ../nbs/05_helix.ipynb #e6df109f
+def _block_keys(x, idx, S, W): # (B, H, T, D)
+    "(B, H, nb, (r+1)*S + C, D): each query block's window keys (the r+1 key blocks ending with its own), then its candidates."
+    T, nb, n_old, r = x.shape[2], -(-x.shape[2] // S), max(x.shape[2] - W, 0), -(-W // S)
+    blocks = F.pad(x, (0, 0, r * S, nb * S - T)).unflatten(2, (-1, S))
+    summaries = [level[:, :, i] for level, i in zip(_pyramid(x[:, :, :n_old])[1:], idx)]
+    return torch.cat([blocks[:, :, i:i + nb] for i in range(r + 1)] + summaries, 3)
+
+class _BlockKeys(torch.autograd.Function):
+    "`_block_keys` with its backward written out: sums into one buffer per level, no zero-filled tensor per slice."
+    @staticmethod
+    def forward(ctx, x, idx, S, W):
+        ctx.shape, ctx.args = x.shape, (idx, S, W)
+        return _block_keys(x, idx, S, W)
+
+    @staticmethod
+    def backward(ctx, grad): # (B, H, nb, (r+1)*S + C, D)
+        (idx, S, W), (B, H, T, D) = ctx.args, ctx.shape
+        nb, n_old, r = grad.shape[2], max(T - W, 0), -(-W // S)
+        padded = grad.new_zeros(B, H, nb + r, S, D)                   # the padded sequence, in key blocks
+        for i in range(r + 1): padded[:, :, i:i + nb] += grad[:, :, :, i * S:(i + 1) * S]
+        dx = padded.flatten(2, 3)[:, :, r * S:r * S + T]
+        start, levels = (r + 1) * S, [dx]                               # level 0 is the sequence itself
+        for j, i in enumerate(idx, 1):                                  # each level's candidates back into their level
+            g = grad[:, :, :, start:start + i.shape[1]]
+            levels.append(grad.new_zeros(B, H, n_old >> j, D).index_add_(2, i.flatten(), g.flatten(2, 3)))
+            start += i.shape[1]
+        for j in range(len(idx), 0, -1):                                # down the pyramid: half to each half
+            m = levels[j].shape[2]
+            levels[j - 1][:, :, :2 * m].unflatten(2, (m, 2)).add_(levels[j][:, :, :, None] * 0.5)
+        return dx, None, None, None
+
+# %% ../nbs/05_helix.ipynb #05e4880c
 def helix_attention(q:torch.Tensor, # (B, H, T, D) queries, RoPE'd and QK-normed
                     k:torch.Tensor, # (B, H, T, D) keys (GQA already expanded)
                     v:torch.Tensor, # (B, H, T, D) values
@@ -91,13 +125,10 @@ def helix_attention(q:torch.Tensor, # (B, H, T, D) queries, RoPE'd and QK-normed
     W = window_size
     if W < 1: raise ValueError(f"window_size={W}: must be >= 1. Fix: pass the config's window_size.")
     S = block_size or _block_size(W)
-    nb, n_old, r = -(-T // S), max(T - W, 0), -(-W // S)
+    nb = -(-T // S)
     idx, mask = (_helix_mask if torch.compiler.is_compiling() else _cached_helix_mask)(T, W, S, q.device, q.dtype)
-    def block_keys(x):                                         # (B*H, nb, (r+1)*S + C, D): window, then candidates
-        blocks = F.pad(x, (0, 0, r * S, nb * S - T)).unflatten(2, (-1, S))
-        summaries = [level[:, :, i] for level, i in zip(_pyramid(x[:, :, :n_old])[1:], idx)]
-        return torch.cat([blocks[:, :, i:i + nb] for i in range(r + 1)] + summaries, 3).flatten(0, 1)
-    queries = F.pad(q, (0, 0, 0, nb * S - T)).view(B * H, nb, S, D)
+    block_keys = lambda x: _BlockKeys.apply(x, idx, S, W).flatten(0, 1)
+    queries = (q if nb * S == T else F.pad(q, (0, 0, 0, nb * S - T))).reshape(B * H, nb, S, D)
     out = masked_attention(queries, block_keys(k), block_keys(v), mask)
     return out.reshape(B, H, nb * S, D)[:, :, :T]  # reshape: a CUDA kernel may return other strides
 
