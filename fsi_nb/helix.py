@@ -43,14 +43,16 @@ def helix_attention_loop(q:torch.Tensor, # (B, H, T, D) queries
         out.append((logits.softmax(-1)[..., None] * values).sum(2))
     return torch.stack(out, 2)
 
-# %% ../nbs/05_helix.ipynb #67b15683
+# %% ../nbs/05_helix.ipynb #deeda577
+def _pairwise_means(x): # (B, H, 2m, D) -> (B, H, m, D)
+    "(older + newer) / 2 of each aligned pair along dim 2: the counter's merge, bit for bit (* 0.5 is exact)."
+    return (x[:, :, 0::2] + x[:, :, 1::2]) * 0.5
+
 def _pyramid(x): # (B, H, N, D)
     "Levels of pairwise means of `x` along dim 2: level j block i is the mean of tokens i*2**j .. (i+1)*2**j - 1."
     levels = [x]
     while x.shape[2] > 1:
-        m = x.shape[2] // 2 * 2
-        # (older + newer) / 2, the counter's merge bit for bit (* 0.5 is exact); two strided views, not mean(dim of 2)
-        x = (x[:, :, 0:m:2] + x[:, :, 1:m:2]) * 0.5
+        x = _pairwise_means(x[:, :, :x.shape[2] // 2 * 2])
         levels.append(x)
     return levels
 
