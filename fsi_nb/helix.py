@@ -56,7 +56,11 @@ def _pyramid(x): # (B, H, N, D)
         levels.append(x)
     return levels
 
-# %% ../nbs/05_helix.ipynb #7a146c5d
+# %% ../nbs/05_helix.ipynb #a5cd305b
+def _layout(T, W, S):
+    "`(nb, n_old, r)`: query blocks of S, tokens older than the last query's window, key blocks of S in a window."
+    return -(-T // S), max(T - W, 0), -(-W // S)
+
 def _candidates_per_block(T, W, S, j):
     "Most level-j groups any query block uses, counted from its first query's group (`n >> (j+1)`) to its last used."
     # block b's queries have n = b*S - W + 1 .. b*S + S - W; the last used group is the last n with bit j set's
@@ -64,7 +68,7 @@ def _candidates_per_block(T, W, S, j):
 
 def _helix_mask(T, W, S, device=None, dtype=torch.float32):
     "Per level j >= 1, pyramid indices (nb, K_j) of each query block's candidates; the additive mask (1, nb, S, keys)."
-    nb, n_old, r = -(-T // S), max(T - W, 0), -(-W // S)
+    nb, n_old, r = _layout(T, W, S)
     bias = lambda ok, value: torch.full(ok.shape, -math.inf, dtype=dtype, device=device).masked_fill(ok, value)
     t = torch.arange(nb * S, device=device).view(nb, S, 1)             # query positions
     n = t - W + 1                                                       # tokens older than each query's window
@@ -83,10 +87,11 @@ def _cached_helix_mask(*args):
 
 def _block_size(W): return -(-W // -(-W // 64))              # <= 64, splitting the window into equal blocks
 
-# %% ../nbs/05_helix.ipynb #e6df109f
+# %% ../nbs/05_helix.ipynb #220cd02a
 def _block_keys(x, idx, S, W): # (B, H, T, D)
     "(B, H, nb, (r+1)*S + C, D): each query block's window keys (the r+1 key blocks ending with its own), then its candidates."
-    T, nb, n_old, r = x.shape[2], -(-x.shape[2] // S), max(x.shape[2] - W, 0), -(-W // S)
+    T = x.shape[2]
+    nb, n_old, r = _layout(T, W, S)
     blocks = F.pad(x, (0, 0, r * S, nb * S - T)).unflatten(2, (-1, S))
     summaries = [level[:, :, i] for level, i in zip(_pyramid(x[:, :, :n_old])[1:], idx)]
     return torch.cat([blocks[:, :, i:i + nb] for i in range(r + 1)] + summaries, 3)
@@ -101,7 +106,7 @@ class _BlockKeys(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad): # (B, H, nb, (r+1)*S + C, D)
         (idx, S, W), (B, H, T, D) = ctx.args, ctx.shape
-        nb, n_old, r = grad.shape[2], max(T - W, 0), -(-W // S)
+        nb, n_old, r = _layout(T, W, S)
         padded = grad.new_zeros(B, H, nb + r, S, D)                   # the padded sequence, in key blocks
         for i in range(r + 1): padded[:, :, i:i + nb] += grad[:, :, :, i * S:(i + 1) * S]
         dx = padded.flatten(2, 3)[:, :, r * S:r * S + T]
@@ -115,7 +120,7 @@ class _BlockKeys(torch.autograd.Function):
             levels[j - 1][:, :, :2 * m].unflatten(2, (m, 2)).add_(levels[j][:, :, :, None] * 0.5)
         return dx, None, None, None
 
-# %% ../nbs/05_helix.ipynb #05e4880c
+# %% ../nbs/05_helix.ipynb #b586f881
 def helix_attention(q:torch.Tensor, # (B, H, T, D) queries, RoPE'd and QK-normed
                     k:torch.Tensor, # (B, H, T, D) keys (GQA already expanded)
                     v:torch.Tensor, # (B, H, T, D) values
@@ -127,7 +132,7 @@ def helix_attention(q:torch.Tensor, # (B, H, T, D) queries, RoPE'd and QK-normed
     W = window_size
     if W < 1: raise ValueError(f"window_size={W}: must be >= 1. Fix: pass the config's window_size.")
     S = block_size or _block_size(W)
-    nb = -(-T // S)
+    nb = _layout(T, W, S)[0]
     idx, mask = (_helix_mask if torch.compiler.is_compiling() else _cached_helix_mask)(T, W, S, q.device, q.dtype)
     block_keys = lambda x: _BlockKeys.apply(x, idx, S, W).flatten(0, 1)
     queries = (q if nb * S == T else F.pad(q, (0, 0, 0, nb * S - T))).reshape(B * H, nb, S, D)
