@@ -56,7 +56,7 @@ def _pyramid(x): # (B, H, N, D)
         levels.append(x)
     return levels
 
-# %% ../nbs/05_helix.ipynb #a5cd305b
+# %% ../nbs/05_helix.ipynb #210aae35
 def _layout(T, W, S):
     "`(nb, n_old, r)`: query blocks of S, tokens older than the last query's window, key blocks of S in a window."
     return -(-T // S), max(T - W, 0), -(-W // S)
@@ -67,19 +67,20 @@ def _candidates_per_block(T, W, S, j):
     return max(1, max(((b * S + S - W - 2 ** j) >> (j + 1)) - ((b * S - W + 1) >> (j + 1)) + 1 for b in range(-(-T // S))))
 
 def _helix_mask(T, W, S, device=None, dtype=torch.float32):
-    "Per level j >= 1, pyramid indices (nb, K_j) of each query block's candidates; the additive mask (1, nb, S, keys)."
+    """Per level j >= 1, pyramid indices (nb, K_j) of each query block's candidates; the additive mask (1, nb, S, keys)
+    over each block's keys in order: its r older window blocks, its candidates, its own block."""
     nb, n_old, r = _layout(T, W, S)
     bias = lambda ok, value: torch.full(ok.shape, -math.inf, dtype=dtype, device=device).masked_fill(ok, value)
     t = torch.arange(nb * S, device=device).view(nb, S, 1)             # query positions
     n = t - W + 1                                                       # tokens older than each query's window
     s = (torch.arange(nb, device=device) - r)[:, None, None] * S + torch.arange((r + 1) * S, device=device)
     size1 = ((n > 0) & (n & 1 == 1)).long()                             # n odd: token t-W is a cluster of 1
-    masks, idx = [bias((s <= t) & (s > t - W - size1) & (s >= 0), 0.0)], []
+    window, clusters, idx = bias((s <= t) & (s > t - W - size1) & (s >= 0), 0.0), [], []
     for j in range(1, n_old.bit_length()):
         g = (n[:, :1] >> (j + 1)) + torch.arange(_candidates_per_block(T, W, S, j), device=device)  # (nb, 1, K) groups
         idx.append((2 * g[:, 0]).clamp(0, (n_old >> j) - 1))                                  # even block 2g
-        masks.append(bias((n > 0) & (n >> j & 1 == 1) & (n >> (j + 1) == g), j * math.log(2)))
-    return idx, torch.cat(masks, 2)[None]
+        clusters.append(bias((n > 0) & (n >> j & 1 == 1) & (n >> (j + 1) == g), j * math.log(2)))
+    return idx, torch.cat([window[..., :r * S]] + clusters + [window[..., r * S:]], 2)[None]
 
 @functools.lru_cache(maxsize=64)
 def _cached_helix_mask(*args):
@@ -87,30 +88,54 @@ def _cached_helix_mask(*args):
 
 def _block_size(W): return -(-W // -(-W // 64))              # <= 64, splitting the window into equal blocks
 
-# %% ../nbs/05_helix.ipynb #220cd02a
+# %% ../nbs/05_helix.ipynb #060462c2
 def _block_keys(x, idx, S, W): # (B, H, T, D)
-    "(B, H, nb, (r+1)*S + C, D): each query block's window keys (the r+1 key blocks ending with its own), then its candidates."
+    "(B, H, nb, (r+1)*S + C, D): each query block's keys, one `cat`: its r older window blocks, its candidates, its own block."
     T = x.shape[2]
     nb, n_old, r = _layout(T, W, S)
     blocks = F.pad(x, (0, 0, r * S, nb * S - T)).unflatten(2, (-1, S))
     summaries = [level[:, :, i] for level, i in zip(_pyramid(x[:, :, :n_old])[1:], idx)]
-    return torch.cat([blocks[:, :, i:i + nb] for i in range(r + 1)] + summaries, 3)
+    return torch.cat([blocks[:, :, i:i + nb] for i in range(r)] + summaries + [blocks[:, :, r:]], 3)
+
+def _interleaved_block_keys(x, idx, S, W): # (B, H, T, D), a window of one block (r = 1)
+    """The same keys as an overlapping view of one buffer that holds key block b-1, then query block b's candidates,
+    for each b: block b's keys are contiguous from its row on, so each key is copied once, not (r+1) times."""
+    B, H, T, D = x.shape
+    nb, n_old, r = _layout(T, W, S)
+    C = sum(i.shape[1] for i in idx)
+    buf = x.new_empty(B, H, nb + 1, S + C, D)             # the last block's candidate slots are never read
+    seq = buf[:, :, :, :S]                                 # key block b-1 in row b: the sequence shifted by one block
+    seq[:, :, 0] = 0
+    full = T // S
+    seq[:, :, 1:full + 1] = x[:, :, :full * S].unflatten(2, (full, S))
+    if full < nb:                                          # a last, partial block: zero-padded
+        seq[:, :, nb].zero_()
+        seq[:, :, nb, :T - full * S] = x[:, :, full * S:]
+    start = S
+    for level, i in zip(_pyramid(x[:, :, :n_old])[1:], idx):
+        buf[:, :, :nb, start:start + i.shape[1]] = level[:, :, i]
+        start += i.shape[1]
+    return buf.as_strided((B, H, nb, 2 * S + C, D), (buf.stride(0), buf.stride(1), (S + C) * D, D, 1))
 
 class _BlockKeys(torch.autograd.Function):
-    "`_block_keys` with its backward written out: sums into one buffer per level, no zero-filled tensor per slice."
+    "The block keys (interleaved for a one-block window, else one `cat`) with the backward written out: sums into one buffer per level."
     @staticmethod
     def forward(ctx, x, idx, S, W):
         ctx.shape, ctx.args = x.shape, (idx, S, W)
-        return _block_keys(x, idx, S, W)
+        # measured on a CPU, eager; compiled, the cat fuses into the kernel's inputs anyway
+        one_block = _layout(x.shape[2], W, S)[2] == 1 and x.device.type == 'cpu' and not torch.compiler.is_compiling()
+        return (_interleaved_block_keys if one_block else _block_keys)(x, idx, S, W)
 
     @staticmethod
     def backward(ctx, grad): # (B, H, nb, (r+1)*S + C, D)
         (idx, S, W), (B, H, T, D) = ctx.args, ctx.shape
         nb, n_old, r = _layout(T, W, S)
+        C = sum(i.shape[1] for i in idx)
         padded = grad.new_zeros(B, H, nb + r, S, D)                   # the padded sequence, in key blocks
-        for i in range(r + 1): padded[:, :, i:i + nb] += grad[:, :, :, i * S:(i + 1) * S]
+        for i in range(r): padded[:, :, i:i + nb] += grad[:, :, :, i * S:(i + 1) * S]
+        padded[:, :, r:] += grad[:, :, :, r * S + C:]
         dx = padded.flatten(2, 3)[:, :, r * S:r * S + T]
-        start, levels = (r + 1) * S, [dx]                               # level 0 is the sequence itself
+        start, levels = r * S, [dx]                                     # level 0 is the sequence itself
         for j, i in enumerate(idx, 1):                                  # each level's candidates back into their level
             g = grad[:, :, :, start:start + i.shape[1]]
             levels.append(grad.new_zeros(B, H, n_old >> j, D).index_add_(2, i.flatten(), g.flatten(2, 3)))

@@ -29,17 +29,19 @@ def test_mask_uses_exactly_the_binary_decomposition():
     T, W, S = 517, 12, 8
     idx, mask = _helix_mask(T, W, S, dtype=torch.float64)
     r = -(-W // S)
-    n_window = (r + 1) * S                       # window key columns per block
+    n_window = (r + 1) * S                       # window key columns per block: r older blocks first, own block last
+    C = mask.shape[-1] - n_window                # candidate columns, between them
     for t in range(T):
         b, i = divmod(t, S)
         row, n = mask[0, b, i], max(t - W + 1, 0)
+        window, candidates = torch.cat([row[:r * S], row[r * S + C:]]), row[r * S:r * S + C]
         pos = (b - r) * S + torch.arange(n_window)
         exact = (pos <= t) & (pos > t - W) & (pos >= 0)
-        allowed = row[:n_window] == 0
-        assert torch.equal(allowed & exact, exact) and (row[:n_window][~allowed] == -math.inf).all()
+        allowed = window == 0
+        assert torch.equal(allowed & exact, exact) and (window[~allowed] == -math.inf).all()
         extra = pos[allowed & ~exact].tolist()   # the size-1 cluster: token t-W, present iff n is odd
         assert extra == ([t - W] if n % 2 else [])
-        levels = [round(m / math.log(2)) for m in row[n_window:].tolist() if m > -math.inf] + [0] * len(extra)
+        levels = [round(m / math.log(2)) for m in candidates.tolist() if m > -math.inf] + [0] * len(extra)
         assert sorted(levels) == sorted(z.bit_length() - 1 for _, z in helix_clusters(n))
 
 
