@@ -23,7 +23,7 @@ def _glu(x13):
     a, b = x13.chunk(2, dim=-1)
     return F.silu(a) * b
 
-# %% ../nbs/07_moe.ipynb #17905a9d
+# %% ../nbs/07_moe.ipynb #e2c170a4
 @torch.compiler.disable
 def _experts_loop(xs, dest, gates, counts, w13, w2, y_pop):
     "Add expert e's gated SwiGLU of its rows of `xs` into `y_pop[dest]`, for each expert's contiguous slice of pairs."
@@ -37,7 +37,13 @@ def _experts_grouped(xs, dest, gates, counts, w13, w2, y_pop):
     "The same with `torch._grouped_mm` over the slice offsets: no host sync."
     offs = counts.cumsum(0).to(torch.int32)
     hid = _glu(torch._grouped_mm(xs, w13, offs=offs)) * gates
-    return y_pop.index_add(0, dest, torch._grouped_mm(hid, w2, offs=offs))
+    return y_pop.index_add_(0, dest, torch._grouped_mm(hid, w2, offs=offs))  # in place: y_pop is fresh zeros
+
+def _experts_bmm(xs, dest, gates, rows, w13, w2, y_pop):
+    "The same with every expert's slice padded to `rows`: one batched matmul each way."
+    e = w13.shape[0]
+    hid = _glu(torch.bmm(xs.view(e, rows, -1), w13)) * gates.view(e, rows, 1)
+    return y_pop.index_add_(0, dest, torch.bmm(hid, w2).view(e * rows, -1))
 
 @torch.compiler.disable
 def _stable_sizes(counts, token, dest, gates):
@@ -54,7 +60,20 @@ def _stable_sizes(counts, token, dest, gates):
     place = lambda t: t.new_zeros((total,) + t.shape[1:]).index_copy(0, pos, t)
     return padded_t, place(token), place(dest), place(gates)
 
-# %% ../nbs/07_moe.ipynb #7e37f118
+@torch.compiler.disable
+def _padded_layout(counts, token, dest, gates):
+    """`(experts, sizes, token, dest, gates)` for a CPU under bf16: every slice as large as the largest (rounded up to
+    32 rows) for `_experts_bmm` while that pads at most 1/5 more rows, else `_stable_sizes` for `_experts_grouped`."""
+    sizes, n = counts.tolist(), token.shape[0]
+    rows, e = -(-max(sizes) // 32) * 32, len(sizes)
+    if e * rows > 1.2 * n: return (_experts_grouped,) + _stable_sizes(counts, token, dest, gates)
+    start = counts.cumsum(0) - counts
+    # sorted pair i of expert e goes to e * rows + (i - start[e]); the extra rows point at token 0 with gate 0
+    pos = torch.arange(n, device=token.device) + torch.repeat_interleave(torch.arange(e, device=token.device) * rows - start, counts, output_size=n)
+    place = lambda t: t.new_zeros((e * rows,) + t.shape[1:]).index_copy(0, pos, t)
+    return _experts_bmm, rows, place(token), place(dest), place(gates)
+
+# %% ../nbs/07_moe.ipynb #c7cb1416
 class MoEFFN(nn.Module):
     "Shared + routed SwiGLU experts in populations; sigmoid router with loss-free bias balancing; dropless sorted dispatch."
     def __init__(self, cfg:FSIEdgeConfig, # an MoE config (`n_routed > 0`)
@@ -97,7 +116,11 @@ class MoEFFN(nn.Module):
         per_pop, k = self.n_routed // p, self.top_k // p
         choice = (s.detach() + self.router_bias).view(n, p, per_pop)  # the bias picks, never weighs
         first = torch.arange(p, device=h.device).view(1, p, 1) * per_pop
-        best = choice.max(-1, keepdim=True).indices if k == 1 else choice.topk(k, dim=-1).indices  # max: 10x faster than topk(1) on a CPU
+        if k == 1: best = choice.max(-1, keepdim=True).indices  # max: 10x faster than topk(1) on a CPU
+        elif k == 2:  # the best, then the best of the rest: topk(2)'s picks (ties to the lower expert), 2x faster on a CPU
+            top = choice.max(-1, keepdim=True).indices
+            best = torch.cat([top, choice.scatter(-1, top, -math.inf).max(-1, keepdim=True).indices], -1)
+        else: best = choice.topk(k, dim=-1).indices
         idx = (best + first).view(n, p * k)  # top_k/p from each population
         chosen = s.gather(1, idx)
         return logits, s, idx, chosen / chosen.sum(-1, keepdim=True)
@@ -123,21 +146,22 @@ class MoEFFN(nn.Module):
         grouped = self.dispatch == 'grouped' or (self.dispatch == 'auto' and self._can_group and dtype == torch.bfloat16
                                                  and (x.is_cuda or not torch.compiler.is_compiling()))
         hc = h.to(dtype)  # cast once before the gather, not once per expert slice (a no-op in fp32)
-        w13 = torch.cat([self.routed_w1, self.routed_w3], dim=-1).to(dtype)  # (n_routed, d_model, 2*expert_d_ff)
+        # (n_routed, d_model, 2*expert_d_ff); cast, then cat: the cat moves half the bytes
+        w13 = torch.cat([self.routed_w1.to(dtype), self.routed_w3.to(dtype)], dim=-1)
         # the populations' outputs stay apart, one contiguous (N, d) block each, for the orthogonality term
         y_pop = torch.zeros(p * n, d, device=x.device, dtype=dtype)
-        sized, gate = counts, gates.reshape(-1, 1)[order].to(dtype)
+        experts, sized, gate = _experts_grouped if grouped else _experts_loop, counts, gates.reshape(-1, 1)[order].to(dtype)
         if x.device.type == 'cpu' and dtype == torch.bfloat16 and not torch.compiler.is_compiling():  # eager oneDNN: few shapes
-            sized, token, dest, gate = _stable_sizes(counts, token, dest, gate)
-        args = (hc.index_select(0, token), dest, gate, sized, w13, self.routed_w2.to(dtype), y_pop)
-        y_pop = (_experts_grouped if grouped else _experts_loop)(*args).view(p, n, d)
-        y = functools.reduce(torch.add, y_pop.unbind(0))  # unbind: its backward stacks, where indexing would zero-fill y_pop's size per population
+            if grouped: experts, sized, token, dest, gate = _padded_layout(counts, token, dest, gate)
+            else: sized, token, dest, gate = _stable_sizes(counts, token, dest, gate)
+        y_pop = experts(hc.index_select(0, token), dest, gate, sized, w13, self.routed_w2.to(dtype), y_pop).view(p, n, d)
+        y, overlap = _combine_populations(y_pop)
         if self.n_shared:  # n_shared SwiGLUs summed == one SwiGLU over their hidden units side by side
             ff = self.shared_w1.shape[-1] * self.n_shared
             sw13 = torch.cat([w.permute(1, 0, 2).reshape(d, ff) for w in (self.shared_w1, self.shared_w3)], dim=-1)
             y = y + _glu(hc @ sw13.to(dtype)) @ self.shared_w2.reshape(ff, d).to(dtype)
 
-        aux = dict(z_loss=torch.logsumexp(logits, dim=-1).square().mean(), orthogonality=_population_overlap(y_pop.transpose(0, 1)))
+        aux = dict(z_loss=torch.logsumexp(logits, dim=-1).square().mean(), orthogonality=overlap)
         self._count_load(counts)
         return y.to(x.dtype).view(shape), aux, self._routing_stats(counts, aux['orthogonality'])
 
@@ -164,7 +188,7 @@ class MoEFFN(nn.Module):
         self.router_bias.add_(self.router_bias_rate * torch.sign(load.mean() - load))
         load.zero_()
 
-# %% ../nbs/07_moe.ipynb #1c928203
+# %% ../nbs/07_moe.ipynb #32dd9b17
 def _population_overlap_reference(y_pop): # (N, n_populations, d_model) each population's gated output per token
     "Mean over tokens (and population pairs) of the squared cosine similarity between populations' outputs (plain autograd)."
     p = y_pop.shape[1]
@@ -174,39 +198,44 @@ def _population_overlap_reference(y_pop): # (N, n_populations, d_model) each pop
              for i in range(p) for j in range(i + 1, p)]
     return torch.stack(terms, -1).mean()
 
-class _PopulationOverlap(torch.autograd.Function):
-    """The same value with the gradient written out: two passes over `y_pop` instead of autograd's broadcast products,
-    one population's `(N, d)` slice at a time (contiguous when `y_pop` is a view of population-major memory)."""
+class _CombinePopulations(torch.autograd.Function):
+    """`(y, overlap)` from the population-major `(p, N, d)` outputs: their sum, and the mean over tokens (and population
+    pairs) of the squared cosine similarity between populations' outputs (`_population_overlap_reference`'s value)."""
     @staticmethod
-    def forward(ctx, y): # (N, p, d) in the experts' dtype; sums accumulate in fp32 (fp64 for fp64)
-        acc, p = torch.promote_types(y.dtype, torch.float32), y.shape[1]
+    def forward(ctx, y_pop): # (p, N, d) in the experts' dtype; the overlap's sums accumulate in fp32 (fp64 for fp64)
+        acc, p = torch.promote_types(y_pop.dtype, torch.float32), y_pop.shape[0]
         ctx.pairs = [(i, j) for i in range(p) for j in range(i + 1, p)]
-        sq = torch.stack([(y[:, i] * y[:, i]).sum(-1, dtype=acc) for i in range(p)], -1)  # (N, p)
-        dots = torch.stack([(y[:, i] * y[:, j]).sum(-1, dtype=acc) for i, j in ctx.pairs], -1)  # (N, pairs)
+        y = functools.reduce(torch.add, y_pop.unbind(0))
+        yt = y_pop.transpose(0, 1).to(acc)                              # (N, p, d)
+        gram = torch.bmm(yt, yt.transpose(1, 2))                         # (N, p, p): every dot product in one call
+        sq = gram.diagonal(dim1=1, dim2=2)                               # (N, p) squared norms
+        dots = torch.stack([gram[:, i, j] for i, j in ctx.pairs], -1)     # (N, pairs)
+        # a zero output counts as orthogonal, not NaN
         cos = dots / torch.stack([sq[:, i] * sq[:, j] for i, j in ctx.pairs], -1).clamp_min(1e-30)  # dot / (|a|^2 |b|^2)
-        ctx.save_for_backward(y, sq, dots, cos)
-        return (dots * cos).mean()
+        ctx.save_for_backward(y_pop, sq, dots, cos)
+        return y, (dots * cos).mean()
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx, grad_y, grad):
         y, sq, dots, cos = ctx.saved_tensors
+        p = y.shape[0]
         # d/dy_i of dot_ij^2 / (sq_i sq_j) = 2 cos_ij y_j - 2 cos_ij dot_ij / sq_i * y_i, averaged over tokens and pairs
         two = 2 * grad / dots.numel()
-        coef = [[None] * y.shape[1] for _ in range(y.shape[1])]          # coef[i][j]: weight of y_j in grad_i
+        coef = [[None] * p for _ in range(p)]                            # coef[i][j]: weight of y_j in grad_i
         for n, (i, j) in enumerate(ctx.pairs):
             c = two * cos[:, n]
             coef[i][j] = coef[j][i] = c
             for a in (i, j):
                 self_term = -c * dots[:, n] / sq[:, a].clamp_min(1e-30)
                 coef[a][a] = self_term if coef[a][a] is None else coef[a][a] + self_term
-        grad_y = torch.empty_like(y)                                      # y's memory layout, so slices stay contiguous
-        for i in range(y.shape[1]):
-            torch.mul(y[:, i], coef[i][i][:, None].to(y.dtype), out=grad_y[:, i])
-            for j in range(y.shape[1]):
-                if j != i: grad_y[:, i].addcmul_(y[:, j], coef[i][j][:, None].to(y.dtype))
-        return grad_y
+        grad_y_pop = torch.empty_like(y)                                  # population-major, so each slice is contiguous
+        for i in range(p):  # the sum's gradient and the overlap's terms written in place: no stack, no [p, N, d] add
+            torch.addcmul(grad_y, y[i], coef[i][i][:, None].to(y.dtype), out=grad_y_pop[i])
+            for j in range(p):
+                if j != i: grad_y_pop[i].addcmul_(y[j], coef[i][j][:, None].to(y.dtype))
+        return grad_y_pop
 
-def _population_overlap(y_pop): # (N, n_populations, d_model), any strides
-    "Mean over tokens (and population pairs) of the squared cosine similarity between populations' outputs."
-    if y_pop.shape[1] < 2: return y_pop.new_zeros((), dtype=torch.float32)
-    with torch.autocast(y_pop.device.type, enabled=False): return _PopulationOverlap.apply(y_pop)
+def _combine_populations(y_pop): # (p, N, d)
+    "`(y, overlap)`: the populations' summed output and their overlap (zero with one population)."
+    if y_pop.shape[0] < 2: return y_pop[0], y_pop.new_zeros((), dtype=torch.float32)
+    with torch.autocast(y_pop.device.type, enabled=False): return _CombinePopulations.apply(y_pop)

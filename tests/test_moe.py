@@ -3,7 +3,7 @@ import os, socket, pytest, torch, torch.nn.functional as F
 import torch.multiprocessing as mp
 from torch.utils.checkpoint import checkpoint
 from fsi_nb.config import FSIEdgeConfig
-from fsi_nb.moe import MoEFFN, _swiglu, _population_overlap
+from fsi_nb.moe import MoEFFN, _swiglu, _combine_populations, _padded_layout, _experts_bmm, _experts_grouped
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
@@ -55,9 +55,9 @@ def test_matches_reference(kw, dispatch):
     assert sum(p.numel() for p in m.parameters()) == (cfg.n_shared + cfg.n_routed) * 3 * cfg.d_model * cfg.expert_d_ff + cfg.d_model * cfg.n_routed
 
 def test_overlap_of_zero_output_is_zero_not_nan():
-    y_pop = torch.zeros(4, 2, 8, requires_grad=True)
-    o = _population_overlap(y_pop)
-    o.backward()
+    y_pop = torch.zeros(2, 4, 8, requires_grad=True)      # (populations, tokens, d_model)
+    y, o = _combine_populations(y_pop)
+    (o + y.sum()).backward()
     assert o == 0 and torch.isfinite(y_pop.grad).all()
 
 def test_state_dict_round_trip_keeps_bias_and_load():
@@ -100,6 +100,29 @@ def test_bf16_autocast_gradients_reach_every_parameter():
     for name, p in m.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
     assert m.router_bias.grad is None
+
+@pytest.mark.parametrize('skew', [0.0, 1.0])
+def test_cpu_bf16_padded_dispatch_matches_the_loop(skew):
+    "Eager bf16 on a CPU: a balanced router takes one padded bmm, a skewed one the grouped fallback; both equal the loop."
+    cfg = moe_cfg(d_model=64, expert_d_ff=32)
+    torch.manual_seed(0)
+    padded, loop = MoEFFN(cfg), MoEFFN(cfg, dispatch='loop')
+    with torch.no_grad(): padded.router_bias[0] = skew   # skew: expert 0 takes every token of its population
+    loop.load_state_dict(padded.state_dict())
+    x = torch.randn(8, 128, cfg.d_model)
+    expert = padded.route(x.reshape(-1, cfg.d_model))[2].reshape(-1)
+    counts, order = torch.bincount(expert, minlength=cfg.n_routed), expert.argsort(stable=True)
+    run = _padded_layout(counts, order, order, torch.ones(len(order), 1))[0]
+    assert run is (_experts_grouped if skew else _experts_bmm)
+    outs = []
+    for m in (padded, loop):
+        xi = x.clone().requires_grad_()
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            y, aux, _ = m(xi)
+            (y.float().square().mean() + aux['z_loss'] + aux['orthogonality']).backward()
+        outs.append([y.float(), aux['orthogonality'], xi.grad] + [p.grad.float() for p in m.parameters()])
+    for a, b in zip(*outs):
+        assert ((a - b).norm() / b.norm()) < 1e-2
 
 @pytest.mark.parametrize('dispatch,dtype', [('loop', torch.float32), ('grouped', torch.bfloat16)])
 def test_compile_matches_eager(dispatch, dtype):
