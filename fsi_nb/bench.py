@@ -409,8 +409,9 @@ def run_bench(quick:bool=False, # small shapes and few repetitions (a test's < 6
         log(f'[bench] {t} ...'); t1 = time.perf_counter()
         if t == 'step': res[t] = bench_step(res['ceiling'], step_rows(quick), **reps)
         if t == 'options': res[t] = bench_options(res['ceiling'], quick, **reps)
-        if t == 'helix': res[t] = bench_helix((128, 256) if quick else (128, 512, 2048), warmup=1, iters=1 if quick else 3)
-        if t == 'moe': res[t] = [r for n, c in moe_shapes(quick) for r in bench_moe(c, tokens=1024 if quick else 4096, name=n, **reps)]
+        # Helix and MoE rows are single ratios of two timings that move apart run to run: more rounds for their medians
+        if t == 'helix': res[t] = bench_helix((128, 256) if quick else (128, 512, 2048), warmup=1, iters=1 if quick else 7)
+        if t == 'moe': res[t] = [r for n, c in moe_shapes(quick) for r in bench_moe(c, tokens=1024 if quick else 4096, name=n, **(reps if quick else dict(warmup=3, iters=9)))]
         if t == 'loop': res[t] = bench_loop(('tiny',), 3, data_dir, batch_size=2, seq_len=64) if quick else bench_loop(data_dir=data_dir)
         if t == 'ops': res[t] = bench_ops(ops_rows(quick))
         if t == 'gpu':
