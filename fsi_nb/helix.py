@@ -56,7 +56,7 @@ def _pyramid(x): # (B, H, N, D)
         levels.append(x)
     return levels
 
-# %% ../nbs/05_helix.ipynb #210aae35
+# %% ../nbs/05_helix.ipynb #23af4a0d
 def _layout(T, W, S):
     "`(nb, n_old, r)`: query blocks of S, tokens older than the last query's window, key blocks of S in a window."
     return -(-T // S), max(T - W, 0), -(-W // S)
@@ -66,9 +66,11 @@ def _candidates_per_block(T, W, S, j):
     # block b's queries have n = b*S - W + 1 .. b*S + S - W; the last used group is the last n with bit j set's
     return max(1, max(((b * S + S - W - 2 ** j) >> (j + 1)) - ((b * S - W + 1) >> (j + 1)) + 1 for b in range(-(-T // S))))
 
+def _level_sizes(n): return [n >> j for j in range(1, n.bit_length())]  # pyramid levels 1, 2, ... of n tokens
+
 def _helix_mask(T, W, S, device=None, dtype=torch.float32):
-    """Per level j >= 1, pyramid indices (nb, K_j) of each query block's candidates; the additive mask (1, nb, S, keys)
-    over each block's keys in order: its r older window blocks, its candidates, its own block."""
+    """`(idx, mask)`: each query block's C candidates (nb, C) as rows of the pyramid's levels 1, 2, ... side by side,
+    and the additive mask (1, nb, S, keys) over its keys in order: its r older window blocks, its candidates, its own block."""
     nb, n_old, r = _layout(T, W, S)
     bias = lambda ok, value: torch.full(ok.shape, -math.inf, dtype=dtype, device=device).masked_fill(ok, value)
     t = torch.arange(nb * S, device=device).view(nb, S, 1)             # query positions
@@ -78,8 +80,9 @@ def _helix_mask(T, W, S, device=None, dtype=torch.float32):
     window, clusters, idx = bias((s <= t) & (s > t - W - size1) & (s >= 0), 0.0), [], []
     for j in range(1, n_old.bit_length()):
         g = (n[:, :1] >> (j + 1)) + torch.arange(_candidates_per_block(T, W, S, j), device=device)  # (nb, 1, K) groups
-        idx.append((2 * g[:, 0]).clamp(0, (n_old >> j) - 1))                                  # even block 2g
+        idx.append((2 * g[:, 0]).clamp(0, (n_old >> j) - 1) + sum(_level_sizes(n_old)[:j - 1]))  # even block 2g
         clusters.append(bias((n > 0) & (n >> j & 1 == 1) & (n >> (j + 1) == g), j * math.log(2)))
+    idx = torch.cat(idx, 1) if idx else torch.zeros(nb, 0, dtype=torch.long, device=device)
     return idx, torch.cat([window[..., :r * S]] + clusters + [window[..., r * S:]], 2)[None]
 
 @functools.lru_cache(maxsize=64)
@@ -88,21 +91,31 @@ def _cached_helix_mask(*args):
 
 def _block_size(W): return -(-W // -(-W // 64))              # <= 64, splitting the window into equal blocks
 
-# %% ../nbs/05_helix.ipynb #060462c2
+# %% ../nbs/05_helix.ipynb #e2b00bd0
 def _block_keys(x, idx, S, W): # (B, H, T, D)
     "(B, H, nb, (r+1)*S + C, D): each query block's keys, one `cat`: its r older window blocks, its candidates, its own block."
     T = x.shape[2]
     nb, n_old, r = _layout(T, W, S)
     blocks = F.pad(x, (0, 0, r * S, nb * S - T)).unflatten(2, (-1, S))
-    summaries = [level[:, :, i] for level, i in zip(_pyramid(x[:, :, :n_old])[1:], idx)]
-    return torch.cat([blocks[:, :, i:i + nb] for i in range(r)] + summaries + [blocks[:, :, r:]], 3)
+    levels = _pyramid(x[:, :, :n_old])[1:]
+    summaries = torch.cat(levels, 2)[:, :, idx] if levels else blocks[:, :, :nb, :0]   # one gather for all levels
+    return torch.cat([blocks[:, :, i:i + nb] for i in range(r)] + [summaries, blocks[:, :, r:]], 3)
+
+def _level_rows(x): # (B, H, N, D); not for autograd (writes through `out=`)
+    "`torch.cat(_pyramid(x)[1:], 2)` built in place: each level written once, by the same float operations."
+    B, H, n, D = x.shape
+    rows, start, prev = x.new_empty(B, H, sum(_level_sizes(n)), D), 0, x
+    for m in _level_sizes(n):
+        prev = torch.add(prev[:, :, 0:2 * m:2], prev[:, :, 1:2 * m:2], out=rows[:, :, start:start + m]).mul_(0.5)
+        start += m
+    return rows
 
 def _interleaved_block_keys(x, idx, S, W): # (B, H, T, D), a window of one block (r = 1)
     """The same keys as an overlapping view of one buffer that holds key block b-1, then query block b's candidates,
     for each b: block b's keys are contiguous from its row on, so each key is copied once, not (r+1) times."""
     B, H, T, D = x.shape
     nb, n_old, r = _layout(T, W, S)
-    C = sum(i.shape[1] for i in idx)
+    C = idx.shape[1]
     buf = x.new_empty(B, H, nb + 1, S + C, D)             # the last block's candidate slots are never read
     seq = buf[:, :, :, :S]                                 # key block b-1 in row b: the sequence shifted by one block
     seq[:, :, 0] = 0
@@ -111,14 +124,11 @@ def _interleaved_block_keys(x, idx, S, W): # (B, H, T, D), a window of one block
     if full < nb:                                          # a last, partial block: zero-padded
         seq[:, :, nb].zero_()
         seq[:, :, nb, :T - full * S] = x[:, :, full * S:]
-    start = S
-    for level, i in zip(_pyramid(x[:, :, :n_old])[1:], idx):
-        buf[:, :, :nb, start:start + i.shape[1]] = level[:, :, i]
-        start += i.shape[1]
+    if C: buf[:, :, :nb, S:] = _level_rows(x[:, :, :n_old]).index_select(2, idx.flatten()).unflatten(2, (nb, C))
     return buf.as_strided((B, H, nb, 2 * S + C, D), (buf.stride(0), buf.stride(1), (S + C) * D, D, 1))
 
 class _BlockKeys(torch.autograd.Function):
-    "The block keys (interleaved for a one-block window, else one `cat`) with the backward written out: sums into one buffer per level."
+    "The block keys (interleaved for a one-block window, else one `cat`) with the backward written out: sums into one buffer."
     @staticmethod
     def forward(ctx, x, idx, S, W):
         ctx.shape, ctx.args = x.shape, (idx, S, W)
@@ -130,17 +140,17 @@ class _BlockKeys(torch.autograd.Function):
     def backward(ctx, grad): # (B, H, nb, (r+1)*S + C, D)
         (idx, S, W), (B, H, T, D) = ctx.args, ctx.shape
         nb, n_old, r = _layout(T, W, S)
-        C = sum(i.shape[1] for i in idx)
+        C = idx.shape[1]
         padded = grad.new_zeros(B, H, nb + r, S, D)                   # the padded sequence, in key blocks
         for i in range(r): padded[:, :, i:i + nb] += grad[:, :, :, i * S:(i + 1) * S]
         padded[:, :, r:] += grad[:, :, :, r * S + C:]
         dx = padded.flatten(2, 3)[:, :, r * S:r * S + T]
-        start, levels = r * S, [dx]                                     # level 0 is the sequence itself
-        for j, i in enumerate(idx, 1):                                  # each level's candidates back into their level
-            g = grad[:, :, :, start:start + i.shape[1]]
-            levels.append(grad.new_zeros(B, H, n_old >> j, D).index_add_(2, i.flatten(), g.flatten(2, 3)))
-            start += i.shape[1]
-        for j in range(len(idx), 0, -1):                                # down the pyramid: half to each half
+        if not C: return dx, None, None, None
+        # the candidates back into their levels (side by side, as idx counts them), then down the pyramid
+        rows = grad.new_zeros(B, H, sum(_level_sizes(n_old)), D)
+        rows.index_add_(2, idx.flatten(), grad[:, :, :, r * S:r * S + C].flatten(2, 3))
+        levels = [dx] + list(rows.split(_level_sizes(n_old), 2))      # level 0 is the sequence itself
+        for j in range(len(levels) - 1, 0, -1):                         # down the pyramid: half to each half
             m = levels[j].shape[2]
             levels[j - 1][:, :, :2 * m].unflatten(2, (m, 2)).add_(levels[j][:, :, :, None] * 0.5)
         return dx, None, None, None
