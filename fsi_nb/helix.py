@@ -43,20 +43,23 @@ def helix_attention_loop(q:torch.Tensor, # (B, H, T, D) queries
         out.append((logits.softmax(-1)[..., None] * values).sum(2))
     return torch.stack(out, 2)
 
-# %% ../nbs/05_helix.ipynb #deeda577
-def _pairwise_means(x): # (B, H, 2m, D) -> (B, H, m, D)
+# %% ../nbs/05_helix.ipynb #7f3aa9df
+def _pairwise_means(x, out=None): # (B, H, 2m, D) -> (B, H, m, D)
     "(older + newer) / 2 of each aligned pair along dim 2: the counter's merge, bit for bit (* 0.5 is exact)."
-    return (x[:, :, 0::2] + x[:, :, 1::2]) * 0.5
+    return torch.add(x[:, :, 0::2], x[:, :, 1::2], out=out).mul_(0.5)
 
-def _pyramid(x): # (B, H, N, D)
-    "Levels of pairwise means of `x` along dim 2: level j block i is the mean of tokens i*2**j .. (i+1)*2**j - 1."
-    levels = [x]
-    while x.shape[2] > 1:
-        x = _pairwise_means(x[:, :, :x.shape[2] // 2 * 2])
-        levels.append(x)
+def _level_sizes(n): return [n >> j for j in range(1, n.bit_length())]  # pyramid levels 1, 2, ... of n tokens
+
+def _pyramid(x, rows=None): # (B, H, N, D); rows: (B, H, sum(_level_sizes(N)), D) to build levels 1.. in (no autograd)
+    """Levels of pairwise means of `x` along dim 2: level j block i is the mean of tokens i*2**j .. (i+1)*2**j - 1.
+    Given `rows`, levels 1, 2, ... are written side by side into it, each once (`out=`), and returned as views of it."""
+    levels, start = [x], 0
+    for m in _level_sizes(x.shape[2]):
+        levels.append(_pairwise_means(levels[-1][:, :, :2 * m], None if rows is None else rows[:, :, start:start + m]))
+        start += m
     return levels
 
-# %% ../nbs/05_helix.ipynb #23af4a0d
+# %% ../nbs/05_helix.ipynb #a656ebf2
 def _layout(T, W, S):
     "`(nb, n_old, r)`: query blocks of S, tokens older than the last query's window, key blocks of S in a window."
     return -(-T // S), max(T - W, 0), -(-W // S)
@@ -65,8 +68,6 @@ def _candidates_per_block(T, W, S, j):
     "Most level-j groups any query block uses, counted from its first query's group (`n >> (j+1)`) to its last used."
     # block b's queries have n = b*S - W + 1 .. b*S + S - W; the last used group is the last n with bit j set's
     return max(1, max(((b * S + S - W - 2 ** j) >> (j + 1)) - ((b * S - W + 1) >> (j + 1)) + 1 for b in range(-(-T // S))))
-
-def _level_sizes(n): return [n >> j for j in range(1, n.bit_length())]  # pyramid levels 1, 2, ... of n tokens
 
 def _helix_mask(T, W, S, device=None, dtype=torch.float32):
     """`(idx, mask)`: each query block's C candidates (nb, C) as rows of the pyramid's levels 1, 2, ... side by side,
@@ -77,10 +78,11 @@ def _helix_mask(T, W, S, device=None, dtype=torch.float32):
     n = t - W + 1                                                       # tokens older than each query's window
     s = (torch.arange(nb, device=device) - r)[:, None, None] * S + torch.arange((r + 1) * S, device=device)
     size1 = ((n > 0) & (n & 1 == 1)).long()                             # n odd: token t-W is a cluster of 1
-    window, clusters, idx = bias((s <= t) & (s > t - W - size1) & (s >= 0), 0.0), [], []
-    for j in range(1, n_old.bit_length()):
+    window, clusters, idx, row = bias((s <= t) & (s > t - W - size1) & (s >= 0), 0.0), [], [], 0
+    for j, size in enumerate(_level_sizes(n_old), 1):                   # row: where level j starts among levels 1..
         g = (n[:, :1] >> (j + 1)) + torch.arange(_candidates_per_block(T, W, S, j), device=device)  # (nb, 1, K) groups
-        idx.append((2 * g[:, 0]).clamp(0, (n_old >> j) - 1) + sum(_level_sizes(n_old)[:j - 1]))  # even block 2g
+        idx.append((2 * g[:, 0]).clamp(0, size - 1) + row)                                     # even block 2g
+        row += size
         clusters.append(bias((n > 0) & (n >> j & 1 == 1) & (n >> (j + 1) == g), j * math.log(2)))
     idx = torch.cat(idx, 1) if idx else torch.zeros(nb, 0, dtype=torch.long, device=device)
     return idx, torch.cat([window[..., :r * S]] + clusters + [window[..., r * S:]], 2)[None]
@@ -91,7 +93,7 @@ def _cached_helix_mask(*args):
 
 def _block_size(W): return -(-W // -(-W // 64))              # <= 64, splitting the window into equal blocks
 
-# %% ../nbs/05_helix.ipynb #e2b00bd0
+# %% ../nbs/05_helix.ipynb #c9c537a6
 def _block_keys(x, idx, S, W): # (B, H, T, D)
     "(B, H, nb, (r+1)*S + C, D): each query block's keys, one `cat`: its r older window blocks, its candidates, its own block."
     T = x.shape[2]
@@ -100,15 +102,6 @@ def _block_keys(x, idx, S, W): # (B, H, T, D)
     levels = _pyramid(x[:, :, :n_old])[1:]
     summaries = torch.cat(levels, 2)[:, :, idx] if levels else blocks[:, :, :nb, :0]   # one gather for all levels
     return torch.cat([blocks[:, :, i:i + nb] for i in range(r)] + [summaries, blocks[:, :, r:]], 3)
-
-def _level_rows(x): # (B, H, N, D); not for autograd (writes through `out=`)
-    "`torch.cat(_pyramid(x)[1:], 2)` built in place: each level written once, by the same float operations."
-    B, H, n, D = x.shape
-    rows, start, prev = x.new_empty(B, H, sum(_level_sizes(n)), D), 0, x
-    for m in _level_sizes(n):
-        prev = torch.add(prev[:, :, 0:2 * m:2], prev[:, :, 1:2 * m:2], out=rows[:, :, start:start + m]).mul_(0.5)
-        start += m
-    return rows
 
 def _interleaved_block_keys(x, idx, S, W): # (B, H, T, D), a window of one block (r = 1)
     """The same keys as an overlapping view of one buffer that holds key block b-1, then query block b's candidates,
@@ -124,7 +117,10 @@ def _interleaved_block_keys(x, idx, S, W): # (B, H, T, D), a window of one block
     if full < nb:                                          # a last, partial block: zero-padded
         seq[:, :, nb].zero_()
         seq[:, :, nb, :T - full * S] = x[:, :, full * S:]
-    if C: buf[:, :, :nb, S:] = _level_rows(x[:, :, :n_old]).index_select(2, idx.flatten()).unflatten(2, (nb, C))
+    if C:
+        rows = x.new_empty(B, H, sum(_level_sizes(n_old)), D)   # levels 1.. side by side, as idx counts them
+        _pyramid(x[:, :, :n_old], rows)
+        buf[:, :, :nb, S:] = rows.index_select(2, idx.flatten()).unflatten(2, (nb, C))
     return buf.as_strided((B, H, nb, 2 * S + C, D), (buf.stride(0), buf.stride(1), (S + C) * D, D, 1))
 
 class _BlockKeys(torch.autograd.Function):

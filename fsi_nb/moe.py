@@ -23,7 +23,7 @@ def _glu(x13):
     a, b = x13.chunk(2, dim=-1)
     return F.silu(a) * b
 
-# %% ../nbs/07_moe.ipynb #e2c170a4
+# %% ../nbs/07_moe.ipynb #213f1492
 @torch.compiler.disable
 def _experts_loop(xs, dest, gates, counts, w13, w2, y_pop):
     "Add expert e's gated SwiGLU of its rows of `xs` into `y_pop[dest]`, for each expert's contiguous slice of pairs."
@@ -45,33 +45,34 @@ def _experts_bmm(xs, dest, gates, rows, w13, w2, y_pop):
     hid = _glu(torch.bmm(xs.view(e, rows, -1), w13)) * gates.view(e, rows, 1)
     return y_pop.index_add_(0, dest, torch.bmm(hid, w2).view(e * rows, -1))
 
-@torch.compiler.disable
-def _stable_sizes(counts, token, dest, gates):
-    """Round each expert's slice up to a size with at most 5 significant bits (at most 1/16 more rows), the extra
-    rows pointing at token 0 with gate 0 (they add exactly nothing): counts, token, dest, gates in the padded layout."""
-    sizes = counts.tolist()
-    padded = [c if c < 32 else -(-c // (g := 1 << (c.bit_length() - 5))) * g for c in sizes]
+def _place_slices(counts, padded, token, dest, gates):
+    """`(sizes, token, dest, gates)`: `padded` as a tensor, and each of the others with expert e's slice of sorted pairs
+    moved to start at `sum(padded[:e])`; the extra rows point at token 0 with gate 0, so they add exactly nothing."""
     padded_t = torch.tensor(padded, device=counts.device)
     start, start_pad = counts.cumsum(0) - counts, padded_t.cumsum(0) - padded_t
     n = token.shape[0]
     # sorted pair i of expert e goes to start_pad[e] + (i - start[e])
     pos = torch.arange(n, device=token.device) + torch.repeat_interleave(start_pad - start, counts, output_size=n)
-    total = sum(padded)
-    place = lambda t: t.new_zeros((total,) + t.shape[1:]).index_copy(0, pos, t)
+    place = lambda t: t.new_zeros((sum(padded),) + t.shape[1:]).index_copy(0, pos, t)
     return padded_t, place(token), place(dest), place(gates)
+
+def _stable_size(c): return c if c < 32 else -(-c // (g := 1 << (c.bit_length() - 5))) * g  # <= 5 significant bits
+
+@torch.compiler.disable
+def _stable_sizes(counts, token, dest, gates):
+    """Round each expert's slice up to a size with at most 5 significant bits (at most 1/16 more rows), the extra
+    rows pointing at token 0 with gate 0 (they add exactly nothing): counts, token, dest, gates in the padded layout."""
+    return _place_slices(counts, [_stable_size(c) for c in counts.tolist()], token, dest, gates)
 
 @torch.compiler.disable
 def _padded_layout(counts, token, dest, gates):
     """`(experts, sizes, token, dest, gates)` for a CPU under bf16: every slice as large as the largest (rounded up to
     32 rows) for `_experts_bmm` while that pads at most 1/5 more rows, else `_stable_sizes` for `_experts_grouped`."""
-    sizes, n = counts.tolist(), token.shape[0]
-    rows, e = -(-max(sizes) // 32) * 32, len(sizes)
-    if e * rows > 1.2 * n: return (_experts_grouped,) + _stable_sizes(counts, token, dest, gates)
-    start = counts.cumsum(0) - counts
-    # sorted pair i of expert e goes to e * rows + (i - start[e]); the extra rows point at token 0 with gate 0
-    pos = torch.arange(n, device=token.device) + torch.repeat_interleave(torch.arange(e, device=token.device) * rows - start, counts, output_size=n)
-    place = lambda t: t.new_zeros((e * rows,) + t.shape[1:]).index_copy(0, pos, t)
-    return _experts_bmm, rows, place(token), place(dest), place(gates)
+    sizes = counts.tolist()                                # one host sync for either layout
+    rows = -(-max(sizes) // 32) * 32
+    if len(sizes) * rows > 1.2 * token.shape[0]:
+        return (_experts_grouped,) + _place_slices(counts, [_stable_size(c) for c in sizes], token, dest, gates)
+    return (_experts_bmm, rows) + _place_slices(counts, [rows] * len(sizes), token, dest, gates)[1:]
 
 # %% ../nbs/07_moe.ipynb #c7cb1416
 class MoEFFN(nn.Module):
