@@ -247,7 +247,7 @@ def bench_helix(seq_lens=(128, 512, 2048), # sequence lengths to time
                          parallel_us_per_token=parallel / T * 1e6, loop_us_per_token=loop / T * 1e6))
     return rows
 
-# %% ../nbs/12_bench.ipynb #4b8e48b1
+# %% ../nbs/12_bench.ipynb #67b0db48
 def moe_shapes(quick:bool=False) -> list[tuple]:
     "`(name, config)` of the MoE table: the CPU-sized shrink of `h100`, and (full run) the `h100` layer itself."
     return [('h100-cpu', cpu_moe_config())] + ([] if quick else [('h100 layer', get_preset('h100').model)])
@@ -262,15 +262,21 @@ def bench_moe(cfg:FSIEdgeConfig|None=None, # an MoE config; default: each of `mo
     # a few inputs in turn: routing (so each expert's slice size) changes every call, as it does while training
     xs = [torch.randn(max(1, tokens // seq_len), seq_len, cfg.d_model, requires_grad=True) for _ in range(4)]
     moe_inputs, dense_inputs, n = itertools.cycle(xs), itertools.cycle(xs), xs[0].numel() // cfg.d_model
-    def moe_step():
-        y, aux, _ = moe(next(moe_inputs))
+    # the forward under autocast and the backward outside it, as the trainer runs them (a backward under autocast
+    # would redo the fp32 router's gradient matmuls in bf16)
+    def moe_step(bf16):
+        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=bf16):
+            y, aux, _ = moe(next(moe_inputs))
         loss = y.float().square().mean() + cfg.z_loss_weight * aux['z_loss'] + cfg.orthogonality_loss_weight * aux['orthogonality']
         loss.backward(); moe.update_router_bias()
-    def dense_step(): dense(next(dense_inputs)).float().square().mean().backward()
+    def dense_step(bf16):
+        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=bf16):
+            y = dense(next(dense_inputs))
+        y.float().square().mean().backward()
     rows = []
     for precision in precisions:
-        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=precision == 'bf16'):
-            moe_tps, dense_tps = (n / t for t in median_times([moe_step, dense_step], warmup, iters))
+        bf16 = precision == 'bf16'
+        moe_tps, dense_tps = (n / t for t in median_times([lambda: moe_step(bf16), lambda: dense_step(bf16)], warmup, iters))
         rows.append(dict(shape=name or 'custom', precision=precision, tokens=n, d_model=cfg.d_model,
                          n_routed=cfg.n_routed, n_shared=cfg.n_shared, top_k=cfg.top_k, expert_d_ff=cfg.expert_d_ff,
                          dense_d_ff=active_d_ff(cfg), moe_tokens_per_sec=moe_tps, dense_tokens_per_sec=dense_tps, ratio=moe_tps / dense_tps))

@@ -23,7 +23,7 @@ def _glu(x13):
     a, b = x13.chunk(2, dim=-1)
     return F.silu(a) * b
 
-# %% ../nbs/07_moe.ipynb #213f1492
+# %% ../nbs/07_moe.ipynb #dd604710
 @torch.compiler.disable
 def _experts_loop(xs, dest, gates, counts, w13, w2, y_pop):
     "Add expert e's gated SwiGLU of its rows of `xs` into `y_pop[dest]`, for each expert's contiguous slice of pairs."
@@ -67,14 +67,14 @@ def _stable_sizes(counts, token, dest, gates):
 @torch.compiler.disable
 def _padded_layout(counts, token, dest, gates):
     """`(experts, sizes, token, dest, gates)` for a CPU under bf16: every slice as large as the largest (rounded up to
-    32 rows) for `_experts_bmm` while that pads at most 1/5 more rows, else `_stable_sizes` for `_experts_grouped`."""
+    16 rows) for `_experts_bmm` while that pads at most 1/5 more rows, else `_stable_sizes` for `_experts_grouped`."""
     sizes = counts.tolist()                                # one host sync for either layout
-    rows = -(-max(sizes) // 32) * 32
+    rows = -(-max(sizes) // 16) * 16
     if len(sizes) * rows > 1.2 * token.shape[0]:
         return (_experts_grouped,) + _place_slices(counts, [_stable_size(c) for c in sizes], token, dest, gates)
     return (_experts_bmm, rows) + _place_slices(counts, [rows] * len(sizes), token, dest, gates)[1:]
 
-# %% ../nbs/07_moe.ipynb #c7cb1416
+# %% ../nbs/07_moe.ipynb #23d0aa6e
 class MoEFFN(nn.Module):
     "Shared + routed SwiGLU experts in populations; sigmoid router with loss-free bias balancing; dropless sorted dispatch."
     def __init__(self, cfg:FSIEdgeConfig, # an MoE config (`n_routed > 0`)
@@ -93,8 +93,9 @@ class MoEFFN(nn.Module):
         self._can_group = hasattr(torch, '_grouped_mm') and d % 8 == 0 and f % 8 == 0
         self.router = nn.Linear(d, e, bias=False)
         stacked = lambda n, a, b: nn.Parameter(torch.empty(n, a, b)) if n else None  # no empty parameters
-        self.shared_w1, self.shared_w3, self.shared_w2 = stacked(s, d, f), stacked(s, d, f), stacked(s, f, d)
-        self.routed_w1, self.routed_w3, self.routed_w2 = stacked(e, d, f), stacked(e, d, f), stacked(e, f, d)
+        # W1|W3 side by side; the shared experts as the one SwiGLU they sum to (hidden units side by side)
+        self.shared_w13, self.shared_w2 = (nn.Parameter(torch.empty(d, 2 * s * f)), nn.Parameter(torch.empty(s * f, d))) if s else (None, None)
+        self.routed_w13, self.routed_w2 = nn.Parameter(torch.empty(e, d, 2 * f)), nn.Parameter(torch.empty(e, f, d))
         # selection-only bias and the token counts it is updated from: state, not parameters
         self.register_buffer('router_bias', torch.zeros(e, dtype=torch.float32))
         self.register_buffer('expert_load', torch.zeros(e, dtype=torch.float32))
@@ -103,7 +104,7 @@ class MoEFFN(nn.Module):
     def reset_parameters(self, std:float=0.02, # normal init of router, W1 and W3
                          out_std:float|None=None): # W2's std (e.g. std/sqrt(2*n_layers)); None: `std`
         "Normal init; the model may call it again with its own scale."
-        for p in (self.router.weight, self.shared_w1, self.shared_w3, self.routed_w1, self.routed_w3):
+        for p in (self.router.weight, self.shared_w13, self.routed_w13):
             if p is not None: nn.init.normal_(p, std=std)
         for p in (self.shared_w2, self.routed_w2):
             if p is not None: nn.init.normal_(p, std=std if out_std is None else out_std)
@@ -147,8 +148,7 @@ class MoEFFN(nn.Module):
         grouped = self.dispatch == 'grouped' or (self.dispatch == 'auto' and self._can_group and dtype == torch.bfloat16
                                                  and (x.is_cuda or not torch.compiler.is_compiling()))
         hc = h.to(dtype)  # cast once before the gather, not once per expert slice (a no-op in fp32)
-        # (n_routed, d_model, 2*expert_d_ff); cast, then cat: the cat moves half the bytes
-        w13 = torch.cat([self.routed_w1.to(dtype), self.routed_w3.to(dtype)], dim=-1)
+        w13 = self.routed_w13.to(dtype)  # (n_routed, d_model, 2*expert_d_ff)
         # the populations' outputs stay apart, one contiguous (N, d) block each, for the orthogonality term
         y_pop = torch.zeros(p * n, d, device=x.device, dtype=dtype)
         experts, sized, gate = _experts_grouped if grouped else _experts_loop, counts, gates.reshape(-1, 1)[order].to(dtype)
@@ -157,14 +157,23 @@ class MoEFFN(nn.Module):
             else: sized, token, dest, gate = _stable_sizes(counts, token, dest, gate)
         y_pop = experts(hc.index_select(0, token), dest, gate, sized, w13, self.routed_w2.to(dtype), y_pop).view(p, n, d)
         y, overlap = _combine_populations(y_pop)
-        if self.n_shared:  # n_shared SwiGLUs summed == one SwiGLU over their hidden units side by side
-            ff = self.shared_w1.shape[-1] * self.n_shared
-            sw13 = torch.cat([w.permute(1, 0, 2).reshape(d, ff) for w in (self.shared_w1, self.shared_w3)], dim=-1)
-            y = y + _glu(hc @ sw13.to(dtype)) @ self.shared_w2.reshape(ff, d).to(dtype)
+        if self.n_shared:  # addmm: the add rides on the matmul, no separate pass over y
+            y = torch.addmm(y, _glu(hc @ self.shared_w13.to(dtype)), self.shared_w2.to(dtype))
 
         aux = dict(z_loss=torch.logsumexp(logits, dim=-1).square().mean(), orthogonality=overlap)
         self._count_load(counts)
         return y.to(x.dtype).view(shape), aux, self._routing_stats(counts, aux['orthogonality'])
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # checkpoints from before W1|W3 were stored side by side: (n, d, f) halves, shared experts stacked (n, ., .)
+        take = lambda name: state_dict.pop(prefix + name)
+        if prefix + 'routed_w1' in state_dict:
+            state_dict[prefix + 'routed_w13'] = torch.cat([take('routed_w1'), take('routed_w3')], dim=-1)
+        if prefix + 'shared_w1' in state_dict:
+            side = lambda w: w.permute(1, 0, 2).flatten(1)   # (s, d, f) -> (d, s*f): expert i's units at [i*f, (i+1)*f)
+            state_dict[prefix + 'shared_w13'] = torch.cat([side(take('shared_w1')), side(take('shared_w3'))], dim=-1)
+            state_dict[prefix + 'shared_w2'] = take('shared_w2').flatten(0, 1)   # (s, f, d) -> (s*f, d)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _count_load(self, counts):
         # Once per real forward: a checkpointed layer re-runs forward inside backward (torch.utils.checkpoint, either

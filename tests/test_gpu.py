@@ -61,7 +61,7 @@ def test_cuda_grouped_dispatch_equals_loop_in_bf16():
         with torch.autocast('cuda', dtype=torch.bfloat16):
             y, aux, routing = moe(x)
         (y.float().square().mean() + aux['orthogonality']).backward()
-        outs.append(y.float()); grads.append((x.grad.clone(), moe.routed_w1.grad.clone())); x.grad = None
+        outs.append(y.float()); grads.append((x.grad.clone(), moe.routed_w13.grad.clone())); x.grad = None
     assert rel(outs[0], outs[1]) <= 2e-2
     for g, l in zip(*grads): assert rel(g, l) <= 3e-2
 

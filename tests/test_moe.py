@@ -21,8 +21,10 @@ def reference(m, x):
         s = torch.sigmoid(h[t] @ w.T)
         chosen = [sorted(range(q * per_pop, (q + 1) * per_pop), key=lambda e: -(s[e] + m.router_bias[e]).item())[:k] for q in range(p)]
         total = sum(s[e] for c in chosen for e in c)
-        pop = [sum(s[e] / total * _swiglu(h[t], m.routed_w1[e], m.routed_w3[e], m.routed_w2[e]) for e in c) for c in chosen]
-        shared = sum((_swiglu(h[t], m.shared_w1[i], m.shared_w3[i], m.shared_w2[i]) for i in range(m.n_shared)), torch.zeros(h.shape[1]))
+        pop = [sum(s[e] / total * _swiglu(h[t], *m.routed_w13[e].chunk(2, -1), m.routed_w2[e]) for e in c) for c in chosen]
+        f = m.routed_w2.shape[1]   # shared expert i: hidden units [i*f, (i+1)*f) of shared_w13's two halves and rows of shared_w2
+        sw1, sw3 = m.shared_w13.chunk(2, -1) if m.n_shared else (None, None)
+        shared = sum((_swiglu(h[t], sw1[:, i*f:(i+1)*f], sw3[:, i*f:(i+1)*f], m.shared_w2[i*f:(i+1)*f]) for i in range(m.n_shared)), torch.zeros(h.shape[1]))
         ys.append(sum(pop) + shared); pops.append(torch.stack(pop))
     return torch.stack(ys).view(x.shape), torch.stack(pops)
 
