@@ -74,7 +74,21 @@ def _padded_layout(counts, token, dest, gates):
         return (_experts_grouped,) + _place_slices(counts, [_stable_size(c) for c in sizes], token, dest, gates)
     return (_experts_bmm, rows) + _place_slices(counts, [rows] * len(sizes), token, dest, gates)[1:]
 
-# %% ../nbs/07_moe.ipynb #23d0aa6e
+# %% ../nbs/07_moe.ipynb #42117015
+class _RouterLogits(torch.autograd.Function):
+    "fp32 logits `h @ w.T` (the routing decision); the backward in `hc`'s dtype, with `h`'s gradient sent to `hc`."
+    @staticmethod
+    def forward(ctx, h, hc, w): # h: (N, d) fp32; hc: h cast to the experts' dtype; w: (E, d) fp32
+        ctx.save_for_backward(hc, w)
+        return h.float() @ w.float().T
+
+    @staticmethod
+    def backward(ctx, grad):
+        hc, w = ctx.saved_tensors
+        g = grad.to(hc.dtype)
+        return None, g @ w.to(hc.dtype), (g.T @ hc).to(w.dtype)
+
+# %% ../nbs/07_moe.ipynb #ada6ce94
 class MoEFFN(nn.Module):
     "Shared + routed SwiGLU experts in populations; sigmoid router with loss-free bias balancing; dropless sorted dispatch."
     def __init__(self, cfg:FSIEdgeConfig, # an MoE config (`n_routed > 0`)
@@ -109,10 +123,12 @@ class MoEFFN(nn.Module):
         for p in (self.shared_w2, self.routed_w2):
             if p is not None: nn.init.normal_(p, std=std if out_std is None else out_std)
 
-    def route(self, h): # (N, d_model) flat tokens
+    def route(self, h, # (N, d_model) flat tokens
+              hc=None):   # h in the experts' dtype: under bf16, the router's backward runs in bf16 into it
         "Router logits (fp32), affinities `s`, chosen experts `idx` (N, top_k) and their gate weights."
         with torch.autocast(h.device.type, enabled=False):  # routing decisions in fp32 even under bf16 autocast
-            logits = F.linear(h.float(), self.router.weight.float())
+            if hc is None or hc.dtype == torch.float32: logits = F.linear(h.float(), self.router.weight.float())
+            else: logits = _RouterLogits.apply(h, hc, self.router.weight)
         s = torch.sigmoid(logits)
         n, p = h.shape[0], self.n_populations
         per_pop, k = self.n_routed // p, self.top_k // p
@@ -136,7 +152,9 @@ class MoEFFN(nn.Module):
         shape, d = x.shape, x.shape[-1]
         h = x.reshape(-1, d)
         n, p, k = h.shape[0], self.n_populations, self.top_k
-        logits, s, idx, gates = self.route(h)
+        dtype = self._compute_dtype(x)  # the experts' matmul dtype: bf16 under autocast
+        hc = h.to(dtype)  # cast once, for the router's backward and before the gather (a no-op in fp32)
+        logits, s, idx, gates = self.route(h, hc)
 
         # dropless sorted dispatch: the (token, expert) pairs sorted by expert, one contiguous slice per expert
         expert = idx.reshape(-1)                                   # (N*top_k,)
@@ -144,10 +162,8 @@ class MoEFFN(nn.Module):
         token = order // k                                         # each sorted pair's token
         dest = expert[order] // (self.n_routed // p) * n + token   # ... and its output row: population-major
         counts = expert.new_zeros(self.n_routed).index_add_(0, expert, torch.ones_like(expert))  # pairs per expert (static shape, unlike bincount)
-        dtype = self._compute_dtype(x)  # the experts' matmul dtype: bf16 under autocast
         grouped = self.dispatch == 'grouped' or (self.dispatch == 'auto' and self._can_group and dtype == torch.bfloat16
                                                  and (x.is_cuda or not torch.compiler.is_compiling()))
-        hc = h.to(dtype)  # cast once before the gather, not once per expert slice (a no-op in fp32)
         w13 = self.routed_w13.to(dtype)  # (n_routed, d_model, 2*expert_d_ff)
         # the populations' outputs stay apart, one contiguous (N, d) block each, for the orthogonality term
         y_pop = torch.zeros(p * n, d, device=x.device, dtype=dtype)
