@@ -88,7 +88,7 @@ class _RouterLogits(torch.autograd.Function):
         g = grad.to(hc.dtype)
         return None, g @ w.to(hc.dtype), (g.T @ hc).to(w.dtype)
 
-# %% ../nbs/07_moe.ipynb #ada6ce94
+# %% ../nbs/07_moe.ipynb #366c8872
 class MoEFFN(nn.Module):
     "Shared + routed SwiGLU experts in populations; sigmoid router with loss-free bias balancing; dropless sorted dispatch."
     def __init__(self, cfg:FSIEdgeConfig, # an MoE config (`n_routed > 0`)
@@ -182,10 +182,10 @@ class MoEFFN(nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # checkpoints from before W1|W3 were stored side by side: (n, d, f) halves, shared experts stacked (n, ., .)
-        take = lambda name: state_dict.pop(prefix + name)
-        if prefix + 'routed_w1' in state_dict:
+        take, has = (lambda name: state_dict.pop(prefix + name)), (lambda *names: all(prefix + k in state_dict for k in names))
+        if has('routed_w1', 'routed_w3'):   # one half alone is left for the strict check to report
             state_dict[prefix + 'routed_w13'] = torch.cat([take('routed_w1'), take('routed_w3')], dim=-1)
-        if prefix + 'shared_w1' in state_dict:
+        if has('shared_w1', 'shared_w3', 'shared_w2') and state_dict[prefix + 'shared_w2'].dim() == 3:
             side = lambda w: w.permute(1, 0, 2).flatten(1)   # (s, d, f) -> (d, s*f): expert i's units at [i*f, (i+1)*f)
             state_dict[prefix + 'shared_w13'] = torch.cat([side(take('shared_w1')), side(take('shared_w3'))], dim=-1)
             state_dict[prefix + 'shared_w2'] = take('shared_w2').flatten(0, 1)   # (s, f, d) -> (s*f, d)
