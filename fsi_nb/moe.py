@@ -88,7 +88,7 @@ class _RouterLogits(torch.autograd.Function):
         g = grad.to(hc.dtype)
         return None, g @ w.to(hc.dtype), (g.T @ hc).to(w.dtype)
 
-# %% ../nbs/07_moe.ipynb #366c8872
+# %% ../nbs/07_moe.ipynb #5d33736a
 class MoEFFN(nn.Module):
     "Shared + routed SwiGLU experts in populations; sigmoid router with loss-free bias balancing; dropless sorted dispatch."
     def __init__(self, cfg:FSIEdgeConfig, # an MoE config (`n_routed > 0`)
@@ -106,8 +106,7 @@ class MoEFFN(nn.Module):
         # grouped_mm wants 16-byte rows (bf16: multiples of 8); 'auto' falls back to the loop otherwise
         self._can_group = hasattr(torch, '_grouped_mm') and d % 8 == 0 and f % 8 == 0
         self.router = nn.Linear(d, e, bias=False)
-        stacked = lambda n, a, b: nn.Parameter(torch.empty(n, a, b)) if n else None  # no empty parameters
-        # W1|W3 side by side; the shared experts as the one SwiGLU they sum to (hidden units side by side)
+        # W1|W3 side by side; the shared experts as the one SwiGLU they sum to (hidden units side by side); no empty parameters
         self.shared_w13, self.shared_w2 = (nn.Parameter(torch.empty(d, 2 * s * f)), nn.Parameter(torch.empty(s * f, d))) if s else (None, None)
         self.routed_w13, self.routed_w2 = nn.Parameter(torch.empty(e, d, 2 * f)), nn.Parameter(torch.empty(e, f, d))
         # selection-only bias and the token counts it is updated from: state, not parameters
