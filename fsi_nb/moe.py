@@ -23,7 +23,7 @@ def _glu(x13):
     a, b = x13.chunk(2, dim=-1)
     return F.silu(a) * b
 
-# %% ../nbs/07_moe.ipynb #dd604710
+# %% ../nbs/07_moe.ipynb #522bd1ab
 @torch.compiler.disable
 def _experts_loop(xs, dest, gates, counts, w13, w2, y_pop):
     "Add expert e's gated SwiGLU of its rows of `xs` into `y_pop[dest]`, for each expert's contiguous slice of pairs."
@@ -59,10 +59,10 @@ def _place_slices(counts, padded, token, dest, gates):
 def _stable_size(c): return c if c < 32 else -(-c // (g := 1 << (c.bit_length() - 5))) * g  # <= 5 significant bits
 
 @torch.compiler.disable
-def _stable_sizes(counts, token, dest, gates):
+def _stable_sizes(counts, token, dest, gates, sizes=None): # sizes: counts.tolist(), when the caller has synced already
     """Round each expert's slice up to a size with at most 5 significant bits (at most 1/16 more rows), the extra
     rows pointing at token 0 with gate 0 (they add exactly nothing): counts, token, dest, gates in the padded layout."""
-    return _place_slices(counts, [_stable_size(c) for c in counts.tolist()], token, dest, gates)
+    return _place_slices(counts, [_stable_size(c) for c in (counts.tolist() if sizes is None else sizes)], token, dest, gates)
 
 @torch.compiler.disable
 def _padded_layout(counts, token, dest, gates):
@@ -71,7 +71,7 @@ def _padded_layout(counts, token, dest, gates):
     sizes = counts.tolist()                                # one host sync for either layout
     rows = -(-max(sizes) // 16) * 16
     if len(sizes) * rows > 1.2 * token.shape[0]:
-        return (_experts_grouped,) + _place_slices(counts, [_stable_size(c) for c in sizes], token, dest, gates)
+        return (_experts_grouped,) + _stable_sizes(counts, token, dest, gates, sizes)
     return (_experts_bmm, rows) + _place_slices(counts, [rows] * len(sizes), token, dest, gates)[1:]
 
 # %% ../nbs/07_moe.ipynb #42117015
