@@ -11,7 +11,7 @@ import torch, torch.nn as nn, torch.nn.functional as F
 from .config import FSIEdgeConfig
 
 # %% auto #0
-__all__ = ['MoEFFN']
+__all__ = ['MoEFFN', 'reference_moe']
 
 # %% ../nbs/07_moe.ipynb #6f49b89c
 def _swiglu(x, w1, w3, w2):
@@ -264,3 +264,26 @@ def _combine_populations(y_pop): # (p, N, d)
     "`(y, overlap)`: the populations' summed output and their overlap (zero with one population)."
     if y_pop.shape[0] < 2: return y_pop[0], y_pop.new_zeros((), dtype=torch.float32)
     with torch.autocast(y_pop.device.type, enabled=False): return _CombinePopulations.apply(y_pop)
+
+# %% ../nbs/07_moe.ipynb #72381efa
+def reference_moe(m:MoEFFN, x:torch.Tensor # (..., d_model)
+                 ) -> tuple[torch.Tensor, torch.Tensor]: # output like x; (N, n_populations, d_model) each population's gated output
+    "`m`'s output by a per-token loop over the chosen experts (the test oracle; slow)."
+    h = x.reshape(-1, x.shape[-1])
+    w = m.router.weight
+    p, per_pop, k = m.n_populations, m.n_routed // m.n_populations, m.top_k // m.n_populations
+    f = m.routed_w2.shape[1]   # shared expert i: hidden units [i*f, (i+1)*f) of shared_w13's two halves and rows of shared_w2
+    sw1, sw3 = m.shared_w13.chunk(2, -1) if m.n_shared else (None, None)
+    ys, pops = [], []
+    for t in range(h.shape[0]):
+        s = torch.sigmoid(h[t] @ w.T)
+        chosen = []
+        for q in range(p):
+            experts = range(q * per_pop, (q + 1) * per_pop)
+            chosen += [sorted(experts, key=lambda e: -(s[e] + m.router_bias[e]).item())[:k]]
+        total = sum(s[e] for c in chosen for e in c)
+        pop_out = [sum(s[e] / total * _swiglu(h[t], *m.routed_w13[e].chunk(2, -1), m.routed_w2[e]) for e in c) for c in chosen]
+        shared = sum((_swiglu(h[t], sw1[:, i*f:(i+1)*f], sw3[:, i*f:(i+1)*f], m.shared_w2[i*f:(i+1)*f]) for i in range(m.n_shared)),
+                     torch.zeros(h.shape[1]))
+        ys.append(sum(pop_out) + shared); pops.append(torch.stack(pop_out))
+    return torch.stack(ys).view(x.shape), torch.stack(pops)

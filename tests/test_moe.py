@@ -3,7 +3,7 @@ import os, socket, pytest, torch, torch.nn.functional as F
 import torch.multiprocessing as mp
 from torch.utils.checkpoint import checkpoint
 from fsi_nb.config import FSIEdgeConfig
-from fsi_nb.moe import MoEFFN, _swiglu, _combine_populations, _padded_layout, _experts_bmm, _experts_grouped
+from fsi_nb.moe import MoEFFN, reference_moe, _combine_populations, _padded_layout, _experts_bmm, _experts_grouped
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
@@ -11,22 +11,6 @@ def moe_cfg(**kw):
     base = dict(d_model=32, n_heads=4, kv_heads=2, n_routed=8, n_shared=1, top_k=4, expert_d_ff=16)
     base.update(kw)
     return FSIEdgeConfig(**base)
-
-def reference(m, x):
-    "Per-token loop over the chosen experts: output and each population's gated output."
-    h, w = x.reshape(-1, x.shape[-1]), m.router.weight
-    p, per_pop, k = m.n_populations, m.n_routed // m.n_populations, m.top_k // m.n_populations
-    ys, pops = [], []
-    for t in range(h.shape[0]):
-        s = torch.sigmoid(h[t] @ w.T)
-        chosen = [sorted(range(q * per_pop, (q + 1) * per_pop), key=lambda e: -(s[e] + m.router_bias[e]).item())[:k] for q in range(p)]
-        total = sum(s[e] for c in chosen for e in c)
-        pop = [sum(s[e] / total * _swiglu(h[t], *m.routed_w13[e].chunk(2, -1), m.routed_w2[e]) for e in c) for c in chosen]
-        f = m.routed_w2.shape[1]   # shared expert i: hidden units [i*f, (i+1)*f) of shared_w13's two halves and rows of shared_w2
-        sw1, sw3 = m.shared_w13.chunk(2, -1) if m.n_shared else (None, None)
-        shared = sum((_swiglu(h[t], sw1[:, i*f:(i+1)*f], sw3[:, i*f:(i+1)*f], m.shared_w2[i*f:(i+1)*f]) for i in range(m.n_shared)), torch.zeros(h.shape[1]))
-        ys.append(sum(pop) + shared); pops.append(torch.stack(pop))
-    return torch.stack(ys).view(x.shape), torch.stack(pops)
 
 def rand_moe(cfg, seed=0, **kw):
     torch.manual_seed(seed)
@@ -44,7 +28,7 @@ def test_matches_reference(kw, dispatch):
     m = rand_moe(cfg, dispatch=dispatch)
     x = torch.randn(3, 10, cfg.d_model)
     y, aux, routing = m(x)
-    y_ref, pops = reference(m, x)
+    y_ref, pops = reference_moe(m, x)
     torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-5)
     a = pops
     if cfg.n_populations > 1:
