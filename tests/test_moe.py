@@ -30,6 +30,8 @@ def test_matches_reference(kw, dispatch):
     y, aux, routing = m(x)
     y_ref, pops = reference_moe(m, x)
     torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-5)
+    logits = x.reshape(-1, cfg.d_model) @ m.router.weight.T        # z-loss by hand: mean of log(sum exp)^2
+    torch.testing.assert_close(aux['z_loss'], (logits.exp().sum(-1).log() ** 2).mean(), atol=1e-6, rtol=1e-5)
     a = pops
     if cfg.n_populations > 1:
         i, j = torch.triu_indices(cfg.n_populations, cfg.n_populations, 1)

@@ -49,7 +49,8 @@ def reference(prepared_data, tmp_path_factory):
 def test_kill_9_at_random_steps_then_resume_is_bit_exact(prepared_data, tmp_path, reference):
     "kill -9 the same run three times at random steps (maybe mid-save); each resume continues exactly."
     rng, log, resumed = random.Random(os.getpid()), tmp_path/'k'/'log.jsonl', []
-    for kill_at in sorted(rng.sample(range(2, STEPS - 1), 3)):
+    kills = sorted(rng.sample(range(2, STEPS - 1), 3))   # random each run; a failure names them
+    for kill_at in kills:
         p = subprocess.Popen(cli(prepared_data, tmp_path, 'k'), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         wait_for_steps(log, kill_at, p)
         time.sleep(rng.uniform(0, 0.05))
@@ -58,10 +59,45 @@ def test_kill_9_at_random_steps_then_resume_is_bit_exact(prepared_data, tmp_path
     r = run(cli(prepared_data, tmp_path, 'k'))
     assert r.returncode == 0, r.stderr
     assert 'resuming k from' in r.stderr
-    assert same_run(records(tmp_path/'k'), reference)
+    assert same_run(records(tmp_path/'k'), reference), f'killed after steps {kills}'
     assert [x['step'] for x in records(tmp_path/'k')] == list(range(STEPS))   # one line per step, none repeated
     st = json.loads((tmp_path/'k'/'status.json').read_text())
     assert st['state'] == 'finished' and st['step'] == STEPS
+
+def test_loaded_checkpoint_reproduces_the_logged_loss(prepared_data, tmp_path):
+    "`load_run` gives back the model that trained: on a step's own batch it computes the loss the log recorded, bit for bit."
+    from fsi_nb.data import Batcher
+    from fsi_nb.evaluate import load_run
+    r = run(cli(prepared_data, tmp_path, 'e', '--save-interval', '1', '--set', 'precision=fp32', steps=4))
+    assert r.returncode == 0, r.stderr
+    rec = records(tmp_path/'e')
+    loaded = load_run(checkpoint_path(tmp_path/'e'/'checkpoints', 3))      # saved after 3 updates: the model of step 3
+    t = loaded.train_config
+    batch = Batcher(prepared_data, 'train', seed=t.seed, stage=t.stages[0], max_steps=t.max_steps).get_batch(
+        3, 0, t.batch_size, rec[3]['seq_len'])
+    n = torch.get_num_threads(); torch.set_num_threads(1)                  # as the run's --threads 1
+    try: loss = loaded.model.train()(**batch, return_logits=False).loss.item()
+    finally: torch.set_num_threads(n)
+    assert loss == rec[3]['loss'], (loss, rec[3]['loss'])
+    assert loss != rec[2]['loss']
+
+MOE = ['--set', 'n_routed=4', '--set', 'n_shared=1', '--set', 'top_k=2', '--set', 'expert_d_ff=32']
+
+def test_moe_kill_9_then_resume_is_bit_exact(prepared_data, tmp_path):
+    "An MoE run killed mid-run resumes exactly: the router bias and expert load come back with the weights."
+    ref = run(cli(prepared_data, tmp_path, 'ref', *MOE, steps=10))
+    assert ref.returncode == 0, ref.stderr
+    p = subprocess.Popen(cli(prepared_data, tmp_path, 'k', *MOE, steps=10), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for_steps(tmp_path/'k'/'log.jsonl', 7, p)    # past the save at step 6, before the next
+    p.send_signal(signal.SIGKILL); p.wait()
+    r = run(cli(prepared_data, tmp_path, 'k', *MOE, steps=10))
+    assert r.returncode == 0 and 'resuming k from' in r.stderr, r.stderr
+    assert same_run(records(tmp_path/'k'), records(tmp_path/'ref'))
+    a, b = (load_checkpoint(latest_valid_checkpoint(tmp_path/n/'checkpoints')[0])['model'] for n in ('ref', 'k'))
+    assert a.keys() == b.keys() and any(k.endswith('router_bias') for k in a)
+    biases = [k for k in a if k.endswith('router_bias')]
+    assert any(a[k].abs().sum() > 0 for k in biases), 'the bias moved during training'
+    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
 
 @pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGINT])
 def test_signal_saves_a_checkpoint_and_exits_cleanly(prepared_data, tmp_path, reference, sig):
@@ -167,10 +203,10 @@ def test_resume_false_refuses_to_overwrite_a_run(prepared_data, tmp_path):
     r = run(cli(prepared_data, tmp_path, 'x', '--no-resume', steps=3))
     assert r.returncode == 2 and 'already has checkpoints' in r.stderr and 'Fix:' in r.stderr
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason='checks the no-GPU refusal')
 def test_gpu_preset_without_gpu_is_refused_at_once(tmp_path):
     t0 = time.monotonic()
-    r = run([sys.executable, '-m', 'fsi_nb.train', '--preset', 'h100', '--runs-dir', str(tmp_path), '--data-dir', str(tmp_path/'none')])
+    r = run([sys.executable, '-m', 'fsi_nb.train', '--preset', 'h100', '--runs-dir', str(tmp_path), '--data-dir', str(tmp_path/'none')],
+            env={'CUDA_VISIBLE_DEVICES': ''})     # no GPU visible, on a GPU machine too
     assert r.returncode == 2 and "preset 'h100' needs a CUDA GPU" in r.stderr and 'smoke' in r.stderr and 'Fix:' in r.stderr
     assert not (tmp_path/'none').exists() and time.monotonic() - t0 < 60     # refused before preparing or building anything
 
