@@ -27,13 +27,13 @@ __all__ = ['resolve_device', 'cpu_has_fast_bf16', 'resolve_precision', 'autocast
            'load_checkpoint', 'latest_valid_checkpoint', 'NeedsGPUError', 'RunSpec', 'resolve_run', 'inject_nan_steps',
            'StopOnSignal', 'RunResult', 'git_commit', 'routing_record', 'train', 'main']
 
-# %% ../nbs/09_train.ipynb #8f2846d7
+# %% ../nbs/09_train.ipynb #85108cf3
 def resolve_device(device:str='auto' # 'auto', 'cpu', 'cuda' or 'cuda:N'
                   ) -> torch.device:
     "The torch device for `device`; 'auto' picks CUDA when present. Asking for a missing GPU is an error."
     if device == 'auto': return torch.device('cuda' if torch.cuda.is_available() else 'cpu')
     if device.startswith('cuda') and not torch.cuda.is_available():
-        raise RuntimeError(f"device={device!r} but torch sees no CUDA GPU (torch.cuda.is_available() is False). "
+        raise ValueError(f"device={device!r} but torch sees no CUDA GPU (torch.cuda.is_available() is False). "
                            "Fix: use device='auto' or 'cpu', or install a CUDA build of torch on a GPU machine.")
     return torch.device(device)
 
@@ -121,7 +121,7 @@ def seed_everything(seed:int):
     "Seed Python, numpy and torch (all devices)."
     random.seed(seed); np.random.seed(seed); torch.manual_seed(seed)
 
-# %% ../nbs/09_train.ipynb #4ac50177
+# %% ../nbs/09_train.ipynb #612e876b
 class CheckpointError(RuntimeError):
     "A checkpoint could not be written, or did not verify."
 
@@ -176,7 +176,10 @@ def save_checkpoint(state:dict,     # what to save (tensors, dicts, lists, numbe
         raise CheckpointError(f"could not write checkpoint {path} ({len(data)/2**20:.1f} MiB): {why} "
                               f"[errno {e.errno}]; {kept}. Fix: free space in {d} (or raise the limit), then resume "
                               "the run (resume=True) from the last good checkpoint.") from e
-    for old in list_checkpoints(d)[:-keep]:
+    # keep this one and the keep-1 before it. Newer files are the ones a resume skipped as damaged: left for the run
+    # to overwrite when it gets there, so they never push a good checkpoint out
+    older = [p for p in list_checkpoints(d) if int(p.stem.split('_')[1]) < step]
+    for old in older[:max(len(older) - (keep - 1), 0)]:
         old.unlink(missing_ok=True); old.with_name(old.name + '.sha256').unlink(missing_ok=True)
     for orphan in d.glob('*.sha256'):   # a checksum whose checkpoint never landed (killed between the two writes)
         if not orphan.with_suffix('').exists(): orphan.unlink(missing_ok=True)
@@ -187,7 +190,7 @@ def verify_checkpoint(path) -> str | None:
     path = Path(path)
     sha = path.with_name(path.name + '.sha256')
     if not path.exists(): return 'file is missing'
-    if not sha.exists(): return 'no .sha256 file beside it (the save did not finish)'
+    if not sha.exists(): return 'no .sha256 file beside it (a save writes that first: it was copied without it, or deleted)'
     try: want = sha.read_text().split()[0]
     except (OSError, IndexError): return 'its .sha256 file is unreadable'
     got = sha256_file(path)
@@ -275,7 +278,7 @@ def resolve_run(preset:str='tiny',      # a name in `fsi_nb.config.PRESETS`
     name = run_name or (f'{preset}-smoke' if smoke else preset)
     return RunSpec(preset, name, m, t, s, device, smoke, overrides)
 
-# %% ../nbs/09_train.ipynb #dfa735fe
+# %% ../nbs/09_train.ipynb #42c562e0
 def inject_nan_steps() -> set[int]:
     "Steps whose loss the loop replaces by NaN, from `$FSI_NB_INJECT_NAN` ('7', '7,9', '7-11'): a fault-injection hook for tests."
     steps = set()
@@ -353,6 +356,11 @@ def routing_record(routing) -> dict:
 
 def _write_json(path, obj): _write_atomic(Path(path), (json.dumps(obj, indent=1, default=str) + '\n').encode())
 
+def _is_smoke_run(run_dir:Path) -> bool:
+    "Whether `run_dir` was written by a smoke test (its config.json says so)."
+    try: return bool(json.loads((run_dir/'config.json').read_text()).get('smoke'))
+    except (OSError, ValueError): return False
+
 def _truncate_log(path:Path, step:int):
     "Drop log lines of steps >= `step` (they are about to be trained again after a resume)."
     if not path.exists(): return
@@ -361,13 +369,16 @@ def _truncate_log(path:Path, step:int):
         try: rec = json.loads(line)
         except json.JSONDecodeError: continue     # a line cut short by a kill
         if rec.get('step', -1) < step: keep.append(line)
-    _write_atomic(path, ''.join(l + '\n' for l in keep).encode())
+    try: _write_atomic(path, ''.join(l + '\n' for l in keep).encode())
+    except OSError as e:   # the temp file failed; the log itself is untouched
+        raise CheckpointError(f"could not rewrite {path} to resume at step {step}: {e.strerror or e} [errno {e.errno}]; the log "
+                              "and checkpoints are intact. Fix: free space on that disk (or raise the limit), then resume.") from e
 
 def _zero_expert_load(model):
     for mod in model.modules():
         if isinstance(getattr(mod, 'expert_load', None), torch.Tensor): mod.expert_load.zero_()
 
-# %% ../nbs/09_train.ipynb #74b4dde7
+# %% ../nbs/09_train.ipynb #a77ed424
 def _check_resume(ck, spec, tok_sha, man_sha, path, data_dir):
     "Refuse to continue a checkpoint on other data or another architecture; warn about changed training numbers."
     if ck.get('tokenizer_sha256') != tok_sha or ck.get('manifest_sha256') != man_sha:
@@ -403,6 +414,10 @@ def train(preset:str='tiny',          # a name in `fsi_nb.config.PRESETS`
     os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')   # forked workers + tokenizer threads deadlock
     if dev.type == 'cuda': torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
+    if smoke and list_checkpoints(ckpt_dir) and not _is_smoke_run(run_dir):
+        raise ValueError(f"{run_dir} holds a real run's checkpoints, and a smoke test starts fresh: it would delete them. "
+                         f"Fix: smoke-test under another run_name (by default it is '{spec.preset}-smoke'), or leave smoke off "
+                         "to resume that run.")
     if smoke and ckpt_dir.exists(): shutil.rmtree(ckpt_dir)  # a smoke run always starts fresh
     if not resume and list_checkpoints(ckpt_dir):
         raise ValueError(f"{run_dir} already has checkpoints and resume=False. Fix: resume=True to continue it, "
@@ -425,6 +440,11 @@ def train(preset:str='tiny',          # a name in `fsi_nb.config.PRESETS`
     sched = make_scheduler(opt, t)
     step, tokens, elapsed0, bad_steps, window, last_loss = 0, 0, 0.0, 0, deque(maxlen=100), None
     ckpt_path, skipped = latest_valid_checkpoint(ckpt_dir) if resume else (None, [])
+    if skipped and ckpt_path is None:   # never left by a crash (saves are atomic): refuse rather than train over them
+        (newest, why), n = skipped[0], len(skipped)
+        raise CheckpointError(f"{ckpt_dir} has {n} checkpoint{'s' * (n > 1)} and none verifies (newest, {newest.name}: {why}); "
+                              "nothing was changed. Fix: restore them with their .sha256 files, or move them out of "
+                              f"{ckpt_dir} to start the run over, or train under another run_name.")
     for p, why in skipped: print(f'skipping checkpoint {p}: {why}', file=sys.stderr)
     resumed_from = ckpt_path
     if ckpt_path:

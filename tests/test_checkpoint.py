@@ -48,6 +48,14 @@ def test_damaged_latest_falls_back_to_previous(tmp_path, damage):
     with pytest.raises(CheckpointError, match='does not verify'): load_checkpoint(p)
     assert load_checkpoint(best)['step'] == 20
 
+def test_damaged_newer_checkpoints_never_push_out_good_ones(tmp_path):
+    "Resumed from 20 past a damaged 30: saves 21 and 22 keep three good ones (20, 21, 22) and leave 30 to be overwritten."
+    for s in (10, 20, 30): save_checkpoint(_state(s), tmp_path, s)
+    checkpoint_path(tmp_path, 30).write_bytes(b'junk')
+    for s in (21, 22): save_checkpoint(_state(s), tmp_path, s)
+    assert [int(p.stem.split('_')[1]) for p in list_checkpoints(tmp_path)] == [20, 21, 22, 30]
+    assert latest_valid_checkpoint(tmp_path)[0] == checkpoint_path(tmp_path, 22)
+
 def test_nothing_valid(tmp_path):
     assert latest_valid_checkpoint(tmp_path/'missing') == (None, [])
     save_checkpoint(_state(1), tmp_path, 1)

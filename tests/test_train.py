@@ -136,6 +136,42 @@ def test_damaged_checkpoints_are_skipped_with_reasons(prepared_data, tmp_path, r
     assert same_run(records(tmp_path/'d'), reference)
     assert latest_valid_checkpoint(ck)[0] == checkpoint_path(ck, 16)
 
+def test_checkpoints_that_none_verifies_are_refused_and_kept(prepared_data, tmp_path):
+    "Checkpoints copied without their .sha256 files: the run stops with the fix; no checkpoint or log line is lost."
+    assert run(cli(prepared_data, tmp_path, 'v', steps=7)).returncode == 0
+    ck = tmp_path/'v'/'checkpoints'
+    for sha in ck.glob('*.sha256'): sha.unlink()
+    before = {p.name: p.read_bytes() for p in ck.iterdir()}, (tmp_path/'v'/'log.jsonl').read_text()
+    r = run(cli(prepared_data, tmp_path, 'v', steps=7))
+    assert r.returncode == 4, r.stderr
+    assert 'none verifies' in r.stderr and 'no .sha256 file' in r.stderr and 'nothing was changed. Fix:' in r.stderr
+    assert ({p.name: p.read_bytes() for p in ck.iterdir()}, (tmp_path/'v'/'log.jsonl').read_text()) == before
+
+def test_smoke_test_refuses_to_replace_a_real_run(prepared_data, tmp_path):
+    assert run(cli(prepared_data, tmp_path, 'real', steps=3)).returncode == 0
+    before = sorted(p.name for p in (tmp_path/'real'/'checkpoints').iterdir())
+    r = run(cli(prepared_data, tmp_path, 'real', '--smoke', steps=3))
+    assert r.returncode == 2 and "holds a real run's checkpoints" in r.stderr and "'tiny-smoke'" in r.stderr, r.stderr
+    assert sorted(p.name for p in (tmp_path/'real'/'checkpoints').iterdir()) == before
+    r = run(cli(prepared_data, tmp_path, 'sm', '--smoke', steps=3))           # a smoke run's own folder: starts over
+    assert r.returncode == 0, r.stderr
+    assert run(cli(prepared_data, tmp_path, 'sm', '--smoke', steps=3)).returncode == 0
+
+def test_full_disk_when_resuming_keeps_the_log(prepared_data, tmp_path):
+    "A resume rewrites the log first (dropping steps it will train again); a write limit there is a clear error."
+    assert run(cli(prepared_data, tmp_path, 'L', steps=7)).returncode == 0
+    log = tmp_path/'L'/'log.jsonl'
+    for s in (7,): checkpoint_path(tmp_path/'L'/'checkpoints', s).unlink()   # resume from 6: step 6's log line goes
+    text = log.read_text()
+    def preexec():
+        import resource
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (len(text) // 2, len(text) // 2))
+    r = subprocess.run(cli(prepared_data, tmp_path, 'L', steps=7), capture_output=True, text=True, preexec_fn=preexec, timeout=300)
+    assert r.returncode == 4, (r.returncode, r.stderr[-2000:])
+    assert 'could not rewrite' in r.stderr and 'intact. Fix:' in r.stderr and log.read_text() == text
+    assert not list(log.parent.glob('*.tmp'))
+
 def _mount_tmpfs(path, size):
     if os.geteuid() != 0: return False
     path.mkdir()
@@ -209,6 +245,9 @@ def test_gpu_preset_without_gpu_is_refused_at_once(tmp_path):
             env={'CUDA_VISIBLE_DEVICES': ''})     # no GPU visible, on a GPU machine too
     assert r.returncode == 2 and "preset 'h100' needs a CUDA GPU" in r.stderr and 'smoke' in r.stderr and 'Fix:' in r.stderr
     assert not (tmp_path/'none').exists() and time.monotonic() - t0 < 60     # refused before preparing or building anything
+    r = run([sys.executable, '-m', 'fsi_nb.train', '--preset', 'tiny', '--device', 'cuda', '--runs-dir', str(tmp_path),
+             '--data-dir', str(tmp_path/'none')], env={'CUDA_VISIBLE_DEVICES': ''})
+    assert r.returncode == 2 and r.stderr.startswith('error:') and 'no CUDA GPU' in r.stderr and 'Fix:' in r.stderr, r.stderr
 
 SEED_SMOKE = '''
 import sys, os, torch, time
