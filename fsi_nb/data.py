@@ -709,7 +709,7 @@ def collect_sources(sources=DEFAULT_SOURCES, max_files:int|None=None, extra_code
         else: raise ValueError(f"unknown source {src!r}. Fix: use {', '.join(KNOWN_SOURCES)}, or a folder or .jsonl path.")
     return docs, status
 
-# %% ../nbs/03_data.ipynb #30c8b2f3
+# %% ../nbs/03_data.ipynb #5af9e7fe
 _OUTPUTS = ('shards', 'tokenizer', 'manifest.json', 'cold_start.jsonl', 'filter_report.json', 'filter_report.csv', 'rejected.csv')
 
 def _peak_rss_mb() -> float:
@@ -734,11 +734,17 @@ def prepare(out_dir=None,                    # None: settings.ini data_dir
             shard_tokens:int=2**24,
             cache=None,                      # download cache (Shakespeare); None: ~/.cache/fsi_nb
             progress:bool=True,
+            overwrite:bool=False,            # replace a corpus already prepared in out_dir (runs trained on it lose it)
            ) -> dict:
     "Sources -> filters -> split -> BPE tokenizer -> uint16 shards + manifest, cold_start.jsonl and the filter report in `out_dir`."
     t0, cpu0, secs, cpu = time.time(), _cpu_seconds(), {}, {}
     def lap(name, t, c): secs[name], cpu[name] = time.time() - t, _cpu_seconds() - c
     out = Path(out_dir) if out_dir is not None else load_settings().data_dir
+    if (out/'manifest.json').exists() and not overwrite:   # checked first: before minutes of work, and before deleting anything
+        raise FileExistsError(f"{out} already holds a prepared corpus (manifest.json), which runs may have trained on: preparing "
+                              "again replaces its tokenizer and shards, and those runs could no longer resume or be evaluated "
+                              "with this folder. Fix: prepare into another out_dir, or pass overwrite=True (papermill: "
+                              "-p overwrite True) to rebuild it.")
     params = dict(sources=[str(s) for s in sources], max_files=max_files, vocab_size=vocab_size, seed=seed, extra_code=extra_code,
                   num_synthetic=num_synthetic, num_coldstart=num_coldstart, val_fraction=val_fraction, max_file_bytes=max_file_bytes,
                   near_dup_threshold=near_dup_threshold, shard_tokens=shard_tokens)
@@ -781,7 +787,8 @@ def ensure_prepared(out_dir=None, force:bool=False, **kwargs) -> Path:
     "`out_dir` with a verified manifest, running `prepare(out_dir, **kwargs)` first only when there is none (or `force`)."
     out = Path(out_dir) if out_dir is not None else load_settings().data_dir
     if force or not (out/'manifest.json').exists():
-        prepare(out, **kwargs); verify_manifest(out); return out
+        if not force: log.warning('no prepared corpus in %s (no manifest.json): preparing one there first.', out)
+        prepare(out, overwrite=True, **kwargs); verify_manifest(out); return out
     m = verify_manifest(out)
     asked = {k: (list(map(str, v)) if k == 'sources' else v) for k, v in kwargs.items() if k in m.get('prepare', {})}
     if diff := {k: v for k, v in asked.items() if m['prepare'][k] != v}:

@@ -258,3 +258,8 @@ def test_prepare_notebook_under_papermill(tmp_path):
     nb = json.loads((tmp_path / 'prepare.ipynb').read_text())
     shown = ''.join(''.join(o.get('text', '')) + ''.join(o.get('data', {}).get('text/plain', '')) for c in nb['cells'] for o in c.get('outputs', []))
     assert 'grounding' in shown and 'manifest_sha256' in shown and any('image/png' in o.get('data', {}) for c in nb['cells'] for o in c.get('outputs', []))
+    # the same again: refused before any work, the corpus (which runs may have trained on) untouched
+    before = {p.name: p.read_bytes() for p in (out / 'tokenizer').iterdir()}, (out / 'manifest.json').read_text()
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=os.environ | {'TOKENIZERS_PARALLELISM': 'false'})
+    assert r.returncode != 0 and 'already holds a prepared corpus' in r.stderr and '-p overwrite True' in r.stderr
+    assert ({p.name: p.read_bytes() for p in (out / 'tokenizer').iterdir()}, (out / 'manifest.json').read_text()) == before
