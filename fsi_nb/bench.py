@@ -434,7 +434,7 @@ def run_bench(quick:bool=False, # small shapes and few repetitions (a test's < 6
     res['meta']['seconds'] = time.perf_counter() - t0
     return res
 
-# %% ../nbs/12_bench.ipynb #8d03134a
+# %% ../nbs/12_bench.ipynb #bffed185
 _TITLES = dict(step='Training step (forward + backward + AdamW), eager: hybrid FSIEdgeModel vs dense baseline (target ratio >= 0.8)',
                options='Step options (hybrid and dense): compile, loss, precision',
                helix='Helix parallel vs per-token loop, forward (targets: >= 10x at 512, >= 25x at 2048; flat us/token = linear)',
@@ -497,6 +497,9 @@ def main(argv=None):
     if args.threads: torch.set_num_threads(args.threads)
     only = [t.strip() for t in args.only.split(',') if t.strip()]
     if set(only) - set(TABLES): ap.error(f"unknown table(s) {sorted(set(only) - set(TABLES))}. Fix: choose from {','.join(TABLES)}.")
+    if not only: ap.error(f"--only names no table. Fix: choose from {','.join(TABLES)}, or leave --only out for all this machine can run.")
+    if 'gpu' in only and not torch.cuda.is_available():
+        ap.error("table 'gpu' needs a CUDA GPU, and torch sees none. Fix: run it on a GPU machine, or leave 'gpu' out of --only.")
     res = run_bench(args.quick, only, args.data_dir, log=lambda s: print(s, file=sys.stderr))
     print(format_report(res))
     if args.json:

@@ -19,12 +19,12 @@ __all__ = ['GPU_PEAKS', 'ParamCount', 'count_params', 'mean_window_keys', 'popco
            'human', 'format_report', 'main', 'seed_claims_table', 'plot_tokens_vs_params', 'presets_table',
            'report_table', 'has_widget_frontend', 'sizing_explorer', 'cloud_shape', 'size_for_budget']
 
-# %% ../nbs/01_sizing.ipynb #ed9b4704
+# %% ../nbs/01_sizing.ipynb #b6849f19
 def _resolve(x) -> Preset:
     "A `Preset` from a preset name, a `Preset`, or a bare `FSIEdgeConfig` (then called 'custom')."
     if isinstance(x, str): return get_preset(x)   # an unknown name raises, listing the valid ones
-    if isinstance(x, Preset): return x
-    if isinstance(x, FSIEdgeConfig): return Preset('custom', x, TrainConfig(seq_len=x.max_seq_len), False, 'custom config')
+    if isinstance(x, Preset): x.model.validate(); return x   # a config edited after it was built is checked again
+    if isinstance(x, FSIEdgeConfig): x.validate(); return Preset('custom', x, TrainConfig(seq_len=x.max_seq_len), False, 'custom config')
     raise TypeError(f"expected a preset name, a Preset or an FSIEdgeConfig, got {type(x).__name__}. Fix: pass e.g. 'tiny' or get_preset('tiny').model.")
 
 def _model(x) -> FSIEdgeConfig: return _resolve(x).model

@@ -213,7 +213,7 @@ def latest_valid_checkpoint(ckpt_dir) -> tuple[Path | None, list[tuple[Path, str
         skipped.append((p, why))
     return None, skipped
 
-# %% ../nbs/09_train.ipynb #f6cf19ac
+# %% ../nbs/09_train.ipynb #4a986462
 class NeedsGPUError(RuntimeError):
     "A GPU preset was asked to train on a machine without CUDA."
 
@@ -238,6 +238,16 @@ class RunSpec:
     @property
     def total_steps(self) -> int: return self.train.max_steps * len(self.train.stages)
 
+def _check_types(cls, over:dict):
+    "Each override has its field's type (a float field takes an int too): a clear error now, not a TypeError later."
+    for f in fields(cls):
+        if f.name not in over or not isinstance(f.default, (bool, int, float, str)): continue   # None, tuples: checked later
+        v, d = over[f.name], f.default
+        want = bool if isinstance(d, bool) else float if isinstance(d, float) else type(d)
+        ok = (isinstance(v, (int, float)) if want is float else isinstance(v, want)) and (want is bool or not isinstance(v, bool))
+        if not ok: raise ValueError(f"{f.name}={v!r}: expected {'a number' if want is float else want.__name__}, like the "
+                                    f"default {d!r}. Fix: e.g. {f.name}={d!r}.")
+
 def resolve_run(preset:str='tiny',      # a name in `fsi_nb.config.PRESETS`
                 run_name:str|None=None, # folder under runs_dir; None: the preset's name (so a rerun resumes)
                 smoke:bool=False,       # the preset's real architecture, 2 steps, batch 1, seq 64, on the CPU
@@ -261,8 +271,10 @@ def resolve_run(preset:str='tiny',      # a name in `fsi_nb.config.PRESETS`
     tover = {k: v for k, v in overrides.items() if k in tnames}
     if isinstance(tover.get('stages'), str): tover['stages'] = tuple(x.strip() for x in tover['stages'].split(',') if x.strip())
     if isinstance(tover.get('seq_curriculum'), str): tover['seq_curriculum'] = tuple(int(x) for x in tover['seq_curriculum'].split(',') if x.strip())
+    mover = {k: v for k, v in overrides.items() if k in mnames}
+    for cls, over in ((TrainConfig, tover), (FSIEdgeConfig, mover)): _check_types(cls, over)
     t = replace(t, **tover)
-    m = replace(p.model, **{k: v for k, v in overrides.items() if k in mnames})
+    m = replace(p.model, **mover)
     if t.seq_len > m.max_seq_len or max(t.seq_curriculum, default=0) > m.max_seq_len:
         raise ValueError(f"seq_len={t.seq_len} (curriculum {t.seq_curriculum}) is longer than the model's max_seq_len="
                          f"{m.max_seq_len}. Fix: lower seq_len or raise max_seq_len.")

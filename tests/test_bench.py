@@ -1,5 +1,6 @@
 "`python -m fsi_nb.bench --quick --json` runs end to end and reports every table; it never asserts a speed."
 import json, math, subprocess, sys
+import torch
 
 from fsi_nb.bench import _TITLES
 
@@ -44,3 +45,8 @@ def test_quick_json_has_every_table(tmp_path, prepared_data):
 def test_unknown_table_names_the_fix(tmp_path):
     r = _bench('--only', 'step,warp', tmp_path=tmp_path)
     assert r.returncode != 0 and 'warp' in r.stderr and 'Fix:' in r.stderr
+    r = _bench('--only', '', tmp_path=tmp_path)                  # nothing to run is a mistake, not a silent success
+    assert r.returncode == 2 and 'names no table' in r.stderr and 'Fix:' in r.stderr
+    if not torch.cuda.is_available():
+        r = _bench('--only', 'gpu', tmp_path=tmp_path)
+        assert r.returncode == 2 and 'needs a CUDA GPU' in r.stderr and 'Traceback' not in r.stderr
