@@ -12,7 +12,7 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['LOSS_CHUNK_LOGITS', 'PRESETS', 'FSIEdgeConfig', 'TrainConfig', 'loss_chunk_rows', 'Preset', 'get_preset',
-           'config_to_dict', 'config_from_dict', 'Settings', 'find_settings', 'load_settings']
+           'config_to_dict', 'config_from_dict', 'Settings', 'find_settings', 'load_settings', 'check_parameters']
 
 # %% ../nbs/00_config.ipynb #d7b58579
 def _check(ok, field_name, value, problem, fix):
@@ -245,3 +245,23 @@ def _coerce(k, v, default):
         if isinstance(default, Path): return Path(v)
         return type(default)(v)
     except (KeyError, ValueError): raise ValueError(f"setting {k}={v!r} is not a valid {type(default).__name__}. Fix: e.g. {k} = {default}") from None
+
+# %% ../nbs/00_config.ipynb #d949ef35
+import ast
+
+def _assigned(src:str) -> set[str]:
+    "Names a cell assigns at its top level."
+    try: body = ast.parse(src).body
+    except SyntaxError: return set()
+    return {t.id for n in body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+
+def check_parameters(history # IPython's `In` (the cells run so far); None or empty outside IPython
+                    ) -> None:
+    "Raise if papermill injected a parameter that the notebook's parameters cell does not define (a typo)."
+    cells = list(history or ())
+    at = [i for i, c in enumerate(cells) if isinstance(c, str) and c.lstrip().startswith('# Parameters')]
+    if not at or at[-1] == 0: return
+    injected, own = _assigned(cells[at[-1]]), _assigned(cells[at[-1] - 1])
+    if unknown := sorted(injected - own):
+        raise ValueError(f"unknown parameter(s) {', '.join(unknown)}: this notebook has none by that name, so papermill would "
+                         f"run it with the defaults. Fix: use one of {', '.join(sorted(own))}.")

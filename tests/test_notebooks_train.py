@@ -53,6 +53,12 @@ def test_gpu_preset_without_gpu_stops_in_the_first_cell(tmp_path):
     text, _, _ = outputs(out)
     assert 'Fix:' in text and not (tmp_path/'data').exists()    # nothing was prepared or trained
 
+def test_misspelt_parameter_stops_before_anything_runs(tmp_path):
+    "papermill only warns about a -p name the notebook lacks; the notebook itself stops, before preparing or training."
+    r = papermill('train.ipynb', tmp_path/'typo.ipynb', ('max_step', 5), ('runs_dir', tmp_path), ('data_dir', tmp_path/'data'))
+    assert r.returncode != 0 and 'unknown parameter(s) max_step' in r.stderr and 'max_steps' in r.stderr, r.stderr[-2000:]
+    assert not (tmp_path/'data').exists() and not (tmp_path/'tiny').exists()
+
 def test_gpu_preset_smoke_passes_on_the_cpu(prepared_data, tmp_path):
     out = tmp_path/'h100-smoke.ipynb'
     r = papermill('train.ipynb', out, ('preset', 'h100'), ('smoke', True), ('data_dir', prepared_data), ('runs_dir', tmp_path))
