@@ -107,7 +107,7 @@ class AttentionState:
         own = sum(t.nbytes for t in (self.local_k, self.local_v, self.anchor_k, self.anchor_v, self.anchor_depth))
         return own + (self.helix.nbytes() if self.helix is not None else 0)
 
-# %% ../nbs/06_attention.ipynb #86fd9291
+# %% ../nbs/06_attention.ipynb #3bbe6a68
 class HybridAttention(nn.Module):
     "Local, struct and global (Helix) heads over shared GQA projections with QK-Norm and RoPE."
     def __init__(self, cfg:FSIEdgeConfig):
@@ -162,15 +162,16 @@ class HybridAttention(nn.Module):
         W, S = self.window_size, self.struct_lines
         (klo, khi), (alo, ahi) = self.kv_range['local'], self.kv_range['struct']
         p = torch.arange(max(0, T - W), T, device=k.device)
-        state.local_k[:, :, p % W], state.local_v[:, :, p % W] = k[:, klo:khi, p], v[:, klo:khi, p]
+        # in the state's dtype: under bf16 autocast v comes out of its projection in bf16, k (QK-normed) in fp32
+        state.local_k[:, :, p % W], state.local_v[:, :, p % W] = k[:, klo:khi, p].to(state.local_k.dtype), v[:, klo:khi, p].to(state.local_v.dtype)
         if not self.struct_heads: return
         count = anchor.long().sum(1)                                     # (B,) anchors in the prompt
         pos, valid = _last_anchors(anchor, count, S)                     # (B, S), (B, S)
         slot = (count[:, None] - S + torch.arange(S, device=k.device)) % S  # where step would have put them
         idx = pos[:, None, :, None].expand(B, ahi - alo, S, D)
         for buf, src in ((state.anchor_k, k), (state.anchor_v, v)):
-            buf.scatter_(2, slot[:, None, :, None].expand_as(idx), src[:, alo:ahi].gather(2, idx) * valid[:, None, :, None])
-        state.anchor_depth.scatter_(1, slot, depth.gather(1, pos) * valid)
+            buf.scatter_(2, slot[:, None, :, None].expand_as(idx), (src[:, alo:ahi].gather(2, idx) * valid[:, None, :, None]).to(buf.dtype))
+        state.anchor_depth.scatter_(1, slot, (depth.gather(1, pos) * valid).to(state.anchor_depth.dtype))
 
     def init_state(self, batch:int, max_len:int=2**20, device=None, dtype=torch.float32) -> AttentionState:
         "An empty generation state for `batch` sequences of up to `max_len` tokens."
@@ -189,7 +190,8 @@ class HybridAttention(nn.Module):
         if self.local_heads:
             (lo, hi), (klo, khi) = self.head_range['local'], self.kv_range['local']
             slot = (pos % self.window_size).view(1)
-            state.local_k.index_copy_(2, slot, k[:, klo:khi]); state.local_v.index_copy_(2, slot, v[:, klo:khi])
+            state.local_k.index_copy_(2, slot, k[:, klo:khi].to(state.local_k.dtype))
+            state.local_v.index_copy_(2, slot, v[:, klo:khi].to(state.local_v.dtype))
             filled = torch.arange(self.window_size, device=x.device) <= pos  # ring slots written so far
             out.append(masked_attention(q[:, lo:hi], self._stored(state.local_k, 'local'),
                                         self._stored(state.local_v, 'local'), filled[None]))

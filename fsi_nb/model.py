@@ -109,8 +109,20 @@ class GenerationState:
         "Bytes held by the state."
         return sum(t.nbytes for t in (self.pos, self.bracket, self.indent, self.n_anchors)) + sum(s.nbytes() for s in self.layers)
 
-# %% ../nbs/08_model.ipynb #01b395da
+# %% ../nbs/08_model.ipynb #6b4cdfe9
 _TABLES = dict(newline='newline_table', depth_delta='depth_delta', indent='indent_table')  # buffer names
+
+def _apply_padding_mask(attention_mask, input_ids, labels):
+    """`labels` with -100 wherever `attention_mask` is 0. Only right padding is allowed: attention is causal, so pads
+    after a sequence change none of its logits, while pads before it (or holes) would be attended to."""
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask {tuple(attention_mask.shape)} != input_ids {tuple(input_ids.shape)}. Fix: one mask entry per token.")
+    keep = attention_mask.bool()
+    if keep.all(): return labels
+    if (keep[:, 1:] & ~keep[:, :-1]).any():
+        raise ValueError("attention_mask has padding before or inside a sequence; the model attends causally and has no "
+                         "padding mask. Fix: pad on the right (or pack sequences, as fsi_nb.data.Batcher does).")
+    return None if labels is None else labels.masked_fill(~keep, -100)
 
 class FSIEdgeModel(nn.Module):
     "The fsi_nb decoder: hybrid local/struct/global attention, dense or twin-population MoE FFN, tied output."
@@ -163,14 +175,24 @@ class FSIEdgeModel(nn.Module):
     def forward(self, input_ids:torch.Tensor, # (B, T) token ids
                 labels:torch.Tensor|None=None, # (B, T), HF convention: the model shifts; -100 = ignore
                 return_logits:bool=True, # False + labels: fused chunked loss, logits never built (training)
-                **ignored, # e.g. attention_mask: every sequence is packed and causal, so it is not needed
+                attention_mask:torch.Tensor|None=None, # (B, T) 1 = token, 0 = right padding (its labels are ignored)
+                **unexpected,
                ) -> ModelOutput:
         "Logits and/or loss for a batch of token ids."
+        if unexpected:
+            raise TypeError(f"unexpected argument(s) {', '.join(unexpected)}. Fix: pass input_ids, labels, attention_mask "
+                            "and/or return_logits.")
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}. Fix: pass a (batch, seq_len) tensor, e.g. ids[None].")
         if labels is not None and labels.shape != input_ids.shape:
             raise ValueError(f"labels {tuple(labels.shape)} != input_ids {tuple(input_ids.shape)}. "
                              "Fix: pass labels of the same shape (the model shifts them; use -100 to ignore a position).")
+        if labels is not None and not torch.compiler.is_compiling():   # the fused loss would clamp a bad id silently
+            bad = (labels != -100) & ((labels < 0) | (labels >= self.cfg.vocab_size))
+            if bad.any():
+                raise ValueError(f"labels hold {labels[bad][0].item()}, not a token id below vocab_size={self.cfg.vocab_size} "
+                                 "or -100. Fix: pass token ids as labels, and -100 where no loss is wanted.")
+        if attention_mask is not None: labels = _apply_padding_mask(attention_mask, input_ids, labels)
         B, T = input_ids.shape
         depth, anchor = token_structure(input_ids, self.newline_table, self.depth_delta, self.indent_table)
         rope = self._rope(T, input_ids.device)
@@ -213,6 +235,9 @@ class FSIEdgeModel(nn.Module):
         "Run a prompt through the parallel form into a fresh `state`; returns the (B, vocab) logits after its last token."
         if state.pos.item() != 0: raise ValueError("prefill needs a fresh state. Fix: pass model.init_state(batch), or step() the extra tokens.")
         B, T = input_ids.shape
+        if B != state.bracket.shape[0] or T == 0:
+            raise ValueError(f"prefill of a ({B}, {T}) prompt into a state for {state.bracket.shape[0]} sequences. Fix: "
+                             "init_state(batch) with the prompt's batch size, and a prompt of at least one token.")
         depth, anchor = token_structure(input_ids, self.newline_table, self.depth_delta, self.indent_table)
         rope = self._rope(T, input_ids.device)
         x = self.tok_embeddings(input_ids)
@@ -223,6 +248,7 @@ class FSIEdgeModel(nn.Module):
         state.pos.fill_(T)
         return self.lm_head(self.norm(x[:, -1]))
 
+    @torch.no_grad()   # the state is a buffer, never part of a graph
     def step(self, token_ids:torch.Tensor, # (B,) or (B, 1): the next token of each sequence
              state:GenerationState) -> torch.Tensor:
         "Feed one token per sequence; returns the (B, vocab) logits for the token after it. Updates `state`."
@@ -246,23 +272,28 @@ class FSIEdgeModel(nn.Module):
         "Prompt + `max_new_tokens` sampled tokens, (B, T + max_new_tokens), on the bounded streaming state."
         was_training = self.training
         self.eval()
-        state = self.init_state(input_ids.shape[0])
-        logits = self.prefill(input_ids, state)
-        out = [input_ids]
-        for i in range(max_new_tokens):
-            nxt = sample_next(logits, temperature, top_k, top_p, greedy, generator)
-            out.append(nxt[:, None])
-            if i + 1 < max_new_tokens: logits = self.step(nxt, state)
-        self.train(was_training)
+        try:
+            state = self.init_state(input_ids.shape[0])
+            logits = self.prefill(input_ids, state)
+            out = [input_ids]
+            for i in range(max_new_tokens):
+                nxt = sample_next(logits, temperature, top_k, top_p, greedy, generator)
+                out.append(nxt[:, None])
+                if i + 1 < max_new_tokens: logits = self.step(nxt, state)
+        finally: self.train(was_training)
         return torch.cat(out, 1)
 
-# %% ../nbs/08_model.ipynb #0b2f35bc
+# %% ../nbs/08_model.ipynb #f88d8a61
 def sample_next(logits:torch.Tensor, # (B, vocab)
                 temperature:float=1.0, top_k:int|None=None, top_p:float|None=None, greedy:bool=False,
                 generator:torch.Generator|None=None) -> torch.Tensor:
     "Next token ids (B,): argmax if `greedy` (or temperature 0), else sampled after temperature, top-k and top-p."
+    if temperature < 0 or (top_k is not None and top_k < 1) or (top_p is not None and not 0 <= top_p <= 1):
+        raise ValueError(f"temperature={temperature}, top_k={top_k}, top_p={top_p}. Fix: temperature >= 0 (0 is greedy), "
+                         "top_k >= 1 or None, 0 <= top_p <= 1 or None.")
     if greedy or temperature == 0: return logits.argmax(-1)
-    logits = logits.float() / temperature
+    logits = logits.float()
+    logits = (logits - logits.max(-1, keepdim=True).values) / temperature   # the best at 0: a tiny temperature cannot overflow
     if top_k is not None and top_k < logits.shape[-1]:
         kth = logits.topk(top_k, -1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float('-inf'))

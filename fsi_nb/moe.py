@@ -88,12 +88,13 @@ class _RouterLogits(torch.autograd.Function):
         g = grad.to(hc.dtype)
         return None, g @ w.to(hc.dtype), (g.T @ hc).to(w.dtype)
 
-# %% ../nbs/07_moe.ipynb #5d33736a
+# %% ../nbs/07_moe.ipynb #4f947c6e
 class MoEFFN(nn.Module):
     "Shared + routed SwiGLU experts in populations; sigmoid router with loss-free bias balancing; dropless sorted dispatch."
     def __init__(self, cfg:FSIEdgeConfig, # an MoE config (`n_routed > 0`)
                  dispatch:str='auto'):    # 'auto', 'loop' or 'grouped' (see above)
         super().__init__()
+        cfg.validate()   # again: a config edited after it was built (top_k=3 over two populations) would route wrongly
         if not cfg.is_moe:
             raise ValueError(f"MoEFFN needs routed experts but n_routed={cfg.n_routed}. Fix: set n_routed, top_k and expert_d_ff, or use a dense SwiGLU.")
         if dispatch not in ('auto', 'loop', 'grouped'):
