@@ -42,15 +42,15 @@ class Block(nn.Module):
         x = x + self.attn.step(self.attn_norm(x), pos, depth, anchor, n_anchors, rope, state)
         return x + self._ffn(x)[0]
 
-# %% ../nbs/08_model.ipynb #331a7523
+# %% ../nbs/08_model.ipynb #0e86d6cb
 class _FusedLinearCE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, weight, labels, chunk_size, dtype):
+    def forward(ctx, h, weight, labels, chunk_size, dtype, need_grad=True):
         valid = labels != -100
         n = valid.sum().clamp(min=1)
         loss = torch.zeros((), device=h.device, dtype=torch.float32)
         hd, wd = h.to(dtype), weight.to(dtype)  # once: autocast would re-cast the whole (V, d) weight for every chunk's matmuls
-        grad_h, grad_w = torch.empty_like(hd), torch.zeros_like(weight, dtype=torch.float32)
+        if need_grad: grad_h, grad_w = torch.empty_like(hd), torch.zeros_like(weight, dtype=torch.float32)
         for s in range(0, h.shape[0], chunk_size):
             hc, vc = hd[s:s + chunk_size], valid[s:s + chunk_size]
             yc = labels[s:s + chunk_size].clamp(min=0)[:, None]
@@ -60,19 +60,20 @@ class _FusedLinearCE(torch.autograd.Function):
             z.sub_(top).exp_()
             total = z.sum(-1, keepdim=True)
             loss = loss + ((top + total.log())[:, 0] - target).mul(vc).sum()
+            if not need_grad: continue                         # evaluation: the loss alone, 1.6x faster
             w = (vc / n)[:, None]
             z.mul_(w / total).scatter_add_(1, yc, -w)        # d loss / d logits = (softmax - onehot) / n
             g = z.to(dtype)
             grad_h[s:s + chunk_size] = g @ wd
             if g.dtype == grad_w.dtype: grad_w.addmm_(g.T, hc)  # fp32: accumulate without a temporary
             else: grad_w += g.T @ hc                           # bf16 products, fp32 sum
-        ctx.save_for_backward(grad_h.to(h.dtype), grad_w.to(weight.dtype))
+        if need_grad: ctx.save_for_backward(grad_h.to(h.dtype), grad_w.to(weight.dtype))
         return loss / n
 
     @staticmethod
     def backward(ctx, grad_out):
         grad_h, grad_w = ctx.saved_tensors
-        return grad_h * grad_out, grad_w * grad_out, None, None, None
+        return grad_h * grad_out, grad_w * grad_out, None, None, None, None
 
 def chunked_cross_entropy(h:torch.Tensor, # (N, d_model) final hidden states
                           weight:torch.Tensor, # (vocab, d_model) output layer
@@ -85,7 +86,8 @@ def chunked_cross_entropy(h:torch.Tensor, # (N, d_model) final hidden states
     # the matmul dtype autocast would pick; the function then runs with autocast off and casts each operand once
     dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else torch.promote_types(h.dtype, weight.dtype)
     with torch.autocast(dev, enabled=False):
-        return _FusedLinearCE.apply(h, weight, labels, chunk_size, dtype)
+        need_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
+        return _FusedLinearCE.apply(h, weight, labels, chunk_size, dtype, need_grad)
 
 # %% ../nbs/08_model.ipynb #cb839ec9
 @dataclass
