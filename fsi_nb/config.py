@@ -88,7 +88,7 @@ class FSIEdgeConfig:
         _check(self.expert_d_ff > 0, 'expert_d_ff', self.expert_d_ff, 'an MoE model needs a positive expert size', 'set expert_d_ff (e.g. 128)')
         _check(self.n_shared >= 0, 'n_shared', self.n_shared, 'must not be negative', 'set n_shared >= 0')
 
-# %% ../nbs/00_config.ipynb #f2eaeb4a
+# %% ../nbs/00_config.ipynb #754741f2
 @dataclass
 class TrainConfig:
     "Optimizer, schedule, precision and run plumbing (defaults from the seeds)."
@@ -121,6 +121,7 @@ class TrainConfig:
         for f in ('batch_size', 'grad_accum', 'seq_len', 'max_steps', 'log_interval', 'save_interval', 'keep_checkpoints', 'max_bad_steps'):
             _check(getattr(self, f) > 0, f, getattr(self, f), 'must be positive', f'set {f} >= 1')
         _check(self.warmup_steps >= 0, 'warmup_steps', self.warmup_steps, 'must not be negative', 'set warmup_steps >= 0')
+        _check(0 <= self.seed < 2**32, 'seed', self.seed, 'must be in [0, 2**32)', 'use e.g. 1337')
         _check(0 < self.lr, 'lr', self.lr, 'must be positive', 'use e.g. 3e-4')
         _check(0 <= self.min_lr <= self.lr, 'min_lr', self.min_lr, f'must be in [0, lr={self.lr}]', 'use e.g. 1e-5')
         _check(self.precision in ('auto', 'fp32', 'bf16'), 'precision', self.precision, 'unknown precision', "use 'auto', 'fp32' or 'bf16'")

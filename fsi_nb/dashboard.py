@@ -18,16 +18,18 @@ from .sizing import has_widget_frontend  # one detector of a live widget fronten
 __all__ = ['LogTail', 'read_log', 'read_json', 'eta_seconds', 'summary_line', 'plot_training', 'plot_routing', 'fig_png',
            'Dashboard', 'watch']
 
-# %% ../nbs/10_dashboard.ipynb #23ee33a9
+# %% ../nbs/10_dashboard.ipynb #0b0a7e2b
 class LogTail:
     "Incremental reader of a `log.jsonl`: each `read()` returns the complete records added since the last one."
     def __init__(self, path):
-        self.path, self.offset, self.records = Path(path), 0, []
+        self.path, self.offset, self.records, self.inode = Path(path), 0, [], None
     def read(self) -> list[dict]:
-        try: size = self.path.stat().st_size
+        try: st = self.path.stat()
         except FileNotFoundError: return []
-        if size < self.offset:   # rewritten shorter: a resume dropped the steps it will train again
-            self.offset, self.records = 0, []
+        # a resume rewrites the log (dropping the steps it will train again) into a new file: start over on a new inode,
+        # or on a shorter file, whichever shows first
+        if st.st_ino != self.inode or st.st_size < self.offset:
+            self.offset, self.records, self.inode = 0, [], st.st_ino
         with open(self.path, 'rb') as f:
             f.seek(self.offset); chunk = f.read()
         end = chunk.rfind(b'\n') + 1            # a line still being written waits for the next read

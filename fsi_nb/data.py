@@ -829,9 +829,10 @@ def fim_permute(tokens:np.ndarray, rng:np.random.Generator, special:dict, rate:f
     out = np.concatenate(parts).astype(tokens.dtype)
     return out[:len(tokens)] if trim else out
 
-# %% ../nbs/03_data.ipynb #da8ec154
+# %% ../nbs/03_data.ipynb #28485353
 STAGE_MIX = {'stage1': None, 'stage5': 'final', 'stage1b': {'code': 1.0}, 'stage2': {'reasoning': 1.0}, 'stage2b': {'reasoning': 1.0}}
 _SPLIT_CODE = {'train': 0, 'val': 1}
+_STAGE_CODE = {s: i for i, s in enumerate(STAGE_MIX)}   # in the batch seed, so that each stage draws its own windows
 
 class Batcher:
     "Deterministic training windows: a pure function of (seed, split, step, micro, stage, schedule)."
@@ -877,7 +878,9 @@ class Batcher:
         return np.concatenate(out).astype(np.int64)
 
     def _draw(self, step, micro, batch_size):
-        rng = np.random.default_rng([self.seed, _SPLIT_CODE[self.split], step, micro])
+        # stage1 keeps the seed it always had; every other stage adds its code (stage2 and stage2b drew the same rows before)
+        extra = [] if self.stage == 'stage1' else [_STAGE_CODE[self.stage]]
+        rng = np.random.default_rng([self.seed, _SPLIT_CODE[self.split], step, micro, *extra])
         w = self.weights(step); cats = list(w)
         return rng, [cats[i] for i in rng.choice(len(cats), size=batch_size, p=np.array(list(w.values())))]
 

@@ -69,10 +69,10 @@ def load_run(run,                       # a run folder (runs/<name>) or a checkp
     model.to(device).eval()
     return LoadedRun(model, mcfg, tcfg, ck['step'], path, data_dir, load_tokenizer(data_dir/'tokenizer'), info)
 
-# %% ../nbs/11_evaluate.ipynb #a6b23e5b
+# %% ../nbs/11_evaluate.ipynb #b06d20bd
 @torch.no_grad()
 def validation_loss(model:torch.nn.Module, data_dir, # a prepared data folder with a `val` split
-                    batches:int=20, batch_size:int=8, seq_len:int=128, seed:int=0, stage:str='stage1',
+                    batches:int=20, batch_size:int=8, seq_len:int=128, seed:int=0, stage:str='stage5',
                     verify:bool=True # check the shards' SHA-256 first
                    ) -> dict:
     "Token-weighted mean next-token loss (the LM loss, without MoE auxiliary terms) and perplexity on the val split."
@@ -142,7 +142,7 @@ def sample(model:torch.nn.Module, tokenizer, # a `tokenizers.Tokenizer`
     out = model.generate(ids, max_new_tokens, temperature=temperature, top_k=top_k, greedy=greedy, generator=g)
     return tokenizer.decode(out[0].tolist(), skip_special_tokens=False)
 
-# %% ../nbs/11_evaluate.ipynb #7c41b9f0
+# %% ../nbs/11_evaluate.ipynb #2f62afe7
 _ROUTING_COLS = ['entropy', 'dead_experts', 'max_load', 'min_load', 'bias_abs_mean', 'population_overlap']
 
 def routing_table(routing) -> pd.DataFrame | None:
@@ -168,7 +168,7 @@ def routing_health(model:torch.nn.Module, data_dir, batch_size:int=4, seq_len:in
     if not getattr(model.cfg, 'is_moe', False): return None
     was = model.training; model.eval()
     dev = next(model.parameters()).device
-    batch = Batcher(data_dir, 'val', seed=seed, verify=False).get_batch(0, 0, batch_size, seq_len)
+    batch = Batcher(data_dir, 'val', seed=seed, stage='stage5', verify=False).get_batch(0, 0, batch_size, seq_len)
     out = model(input_ids=batch['input_ids'].to(dev), labels=batch['labels'].to(dev), return_logits=False)
     model.train(was)
     return routing_table(out.routing)

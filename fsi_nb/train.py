@@ -213,7 +213,7 @@ def latest_valid_checkpoint(ckpt_dir) -> tuple[Path | None, list[tuple[Path, str
         skipped.append((p, why))
     return None, skipped
 
-# %% ../nbs/09_train.ipynb #4a986462
+# %% ../nbs/09_train.ipynb #47a2f1e2
 class NeedsGPUError(RuntimeError):
     "A GPU preset was asked to train on a machine without CUDA."
 
@@ -275,6 +275,9 @@ def resolve_run(preset:str='tiny',      # a name in `fsi_nb.config.PRESETS`
     for cls, over in ((TrainConfig, tover), (FSIEdgeConfig, mover)): _check_types(cls, over)
     t = replace(t, **tover)
     m = replace(p.model, **mover)
+    if t.warmup_steps >= t.max_steps and not smoke:
+        warnings.warn(f"warmup_steps={t.warmup_steps} >= max_steps={t.max_steps}: the learning rate never reaches lr={t.lr} "
+                      "and never decays. Fix: warmup_steps well below max_steps (e.g. --set warmup_steps=10).")
     if t.seq_len > m.max_seq_len or max(t.seq_curriculum, default=0) > m.max_seq_len:
         raise ValueError(f"seq_len={t.seq_len} (curriculum {t.seq_curriculum}) is longer than the model's max_seq_len="
                          f"{m.max_seq_len}. Fix: lower seq_len or raise max_seq_len.")
@@ -390,7 +393,7 @@ def _zero_expert_load(model):
     for mod in model.modules():
         if isinstance(getattr(mod, 'expert_load', None), torch.Tensor): mod.expert_load.zero_()
 
-# %% ../nbs/09_train.ipynb #a77ed424
+# %% ../nbs/09_train.ipynb #d6b1bb01
 def _check_resume(ck, spec, tok_sha, man_sha, path, data_dir):
     "Refuse to continue a checkpoint on other data or another architecture; warn about changed training numbers."
     if ck.get('tokenizer_sha256') != tok_sha or ck.get('manifest_sha256') != man_sha:
@@ -405,6 +408,10 @@ def _check_resume(ck, spec, tok_sha, man_sha, path, data_dir):
                               "the same preset and model overrides, or start a new run (another run_name).")
     old_t = ck['config']['train']
     tdiff = {k: (old_t.get(k), v) for k, v in config_to_dict(spec.train).items() if old_t.get(k) != v}
+    if 'max_steps' in tdiff and len(spec.train.stages) > 1 and ck['step'] >= old_t['max_steps']:
+        raise ValueError(f"checkpoint {path} is {ck['step']} steps into stages {list(spec.train.stages)} of max_steps="
+                         f"{old_t['max_steps']} each; with max_steps={spec.train.max_steps} its step would fall in another stage, "
+                         f"replaying or skipping data. Fix: resume with max_steps={old_t['max_steps']}, or start a new run.")
     if tdiff: warnings.warn(f"resuming {path} with changed training settings {tdiff} (checkpoint, now): the run "
                             "continues with the new values, so it is no longer the same as an uninterrupted run.")
 
@@ -514,6 +521,7 @@ def train(preset:str='tiny',          # a name in `fsi_nb.config.PRESETS`
                 stage, local = t.stages[step // t.max_steps], step % t.max_steps
                 seq_len = seq_len_for_step(local, t.max_steps, t.seq_curriculum) if t.seq_curriculum else t.seq_len
                 t_step = time.perf_counter()
+                rng_at_step = rng_state()   # dropout draws from it: a step dropped by a signal must not advance it
                 cmodel.train()
                 loss_sum, routing = torch.zeros((), device=dev), None
                 for micro in range(t.grad_accum):
@@ -530,7 +538,7 @@ def train(preset:str='tiny',          # a name in `fsi_nb.config.PRESETS`
                     loss_sum += loss.detach()
                     routing = getattr(out, 'routing', None)
                 if sig.signum:   # a signal mid-step: drop the partial step, keep the last completed one
-                    opt.zero_grad(set_to_none=True); _zero_expert_load(model); break
+                    opt.zero_grad(set_to_none=True); _zero_expert_load(model); set_rng_state(rng_at_step); break
                 grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
                 loss_val, gn = (loss_sum / t.grad_accum).item(), float(grad_norm)
                 lr = opt.param_groups[0]['lr']
@@ -575,8 +583,9 @@ def train(preset:str='tiny',          # a name in `fsi_nb.config.PRESETS`
             pbar.close()
             if sig.signum: stopped, signum = 'signal', sig.signum
             if saved_step != step: save(step)
-    except CheckpointError as e:   # full disk: say so where a watcher looks, then stop
-        try: _write_json(run_dir/'status.json', dict(state='error', message=str(e), step=step, total_steps=total, ended=time.time()))
+    except BaseException as e:   # a full disk, an out-of-memory error, a second Ctrl-C: say so where a watcher looks, then stop
+        try: _write_json(run_dir/'status.json', dict(state='error', message=f'{type(e).__name__}: {e}', step=step, total_steps=total,
+                                                    ended=time.time()))
         except OSError: pass
         raise
     timings['total'] = time.perf_counter() - t_start

@@ -81,6 +81,24 @@ def test_loaded_checkpoint_reproduces_the_logged_loss(prepared_data, tmp_path):
     assert loss == rec[3]['loss'], (loss, rec[3]['loss'])
     assert loss != rec[2]['loss']
 
+def test_changed_max_steps_past_the_first_stage_is_refused(prepared_data, tmp_path):
+    "Two stages of 3 steps, done; resumed with max_steps=5, step 6 would land back in stage 2's step 1: refused."
+    stages = ['--set', 'stages=stage1,stage1b']
+    assert run(cli(prepared_data, tmp_path, 'st', *stages, steps=3)).returncode == 0
+    r = run(cli(prepared_data, tmp_path, 'st', *stages, steps=5))
+    assert r.returncode == 2 and 'replaying or skipping data' in r.stderr and 'Fix: resume with max_steps=3' in r.stderr, r.stderr
+
+def test_an_exception_is_written_to_status_json(prepared_data, tmp_path):
+    "A watcher reads status.json: an error that ends the run (here a KeyboardInterrupt from a callback) must show there."
+    from fsi_nb.train import train
+    def interrupt(rec):
+        if rec['step'] == 2: raise KeyboardInterrupt('second Ctrl-C')
+    with pytest.raises(KeyboardInterrupt):
+        train('tiny', 'x', callback=interrupt, progress=False, data_dir=prepared_data, runs_dir=tmp_path, max_steps=6,
+              d_model=32, batch_size=2, seq_len=32, log_interval=1, threads=1)
+    st = json.loads((tmp_path/'x'/'status.json').read_text())
+    assert st['state'] == 'error' and 'KeyboardInterrupt' in st['message'] and st['step'] == 3, st
+
 MOE = ['--set', 'n_routed=4', '--set', 'n_shared=1', '--set', 'top_k=2', '--set', 'expert_d_ff=32']
 
 def test_moe_kill_9_then_resume_is_bit_exact(prepared_data, tmp_path):
