@@ -55,7 +55,7 @@ def read_json(path) -> dict:
     try: return json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError): return {}
 
-# %% ../nbs/10_dashboard.ipynb #2ddc15ee
+# %% ../nbs/10_dashboard.ipynb #7e44033a
 def eta_seconds(records:list[dict], total_steps:int|None, window:int=10) -> float | None:
     "Seconds to `total_steps` at the pace of the last `window` logged steps."
     recs = [r for r in records if 'time' in r]
@@ -72,8 +72,9 @@ def _fmt_s(s):
 def summary_line(rec:dict, total_steps:int|None=None, eta:float|None=None) -> str:
     "One line about a log record: step, loss, average, lr, grad norm, tokens/s, hours, ETA (and routing health)."
     total = total_steps or rec.get('total_steps')
-    s = (f"step {rec['step']}{f'/{total}' if total else ''}  loss {rec['loss']:.4f}  avg {rec.get('avg_loss') or float('nan'):.4f}  "
-         f"lr {rec['lr']:.2e}  grad {rec['grad_norm']:.3f}  {rec['tokens_per_sec']:,.0f} tok/s  "
+    num = lambda k: float('nan') if rec.get(k) is None else rec[k]   # the log writes a skipped step's NaN as null
+    s = (f"step {rec['step']}{f'/{total}' if total else ''}  loss {num('loss'):.4f}  avg {num('avg_loss'):.4f}  "
+         f"lr {rec['lr']:.2e}  grad {num('grad_norm'):.3f}  {rec['tokens_per_sec']:,.0f} tok/s  "
          f"{rec['elapsed_hours']:.3f} h  ETA {_fmt_s(eta)}")
     if rec.get('bad_steps'): s += f"  skipped {rec['bad_steps']}"
     r = rec.get('routing')

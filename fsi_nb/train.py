@@ -293,7 +293,7 @@ def resolve_run(preset:str='tiny',      # a name in `fsi_nb.config.PRESETS`
     name = run_name or (f'{preset}-smoke' if smoke else preset)
     return RunSpec(preset, name, m, t, s, device, smoke, overrides)
 
-# %% ../nbs/09_train.ipynb #42c562e0
+# %% ../nbs/09_train.ipynb #45b44064
 def inject_nan_steps() -> set[int]:
     "Steps whose loss the loop replaces by NaN, from `$FSI_NB_INJECT_NAN` ('7', '7,9', '7-11'): a fault-injection hook for tests."
     steps = set()
@@ -369,7 +369,14 @@ def routing_record(routing) -> dict:
     layers = [_to_json(r) for r in routing if r]
     return {k: [l.get(k) for l in layers] for k in (layers[0] if layers else {})}
 
-def _write_json(path, obj): _write_atomic(Path(path), (json.dumps(obj, indent=1, default=str) + '\n').encode())
+def _json_safe(x):
+    "`x` with every NaN or infinity as None: strict JSON, which jq and JavaScript read (Python's `json` writes bare NaN)."
+    if isinstance(x, float): return x if math.isfinite(x) else None
+    if isinstance(x, dict): return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)): return [_json_safe(v) for v in x]
+    return x
+
+def _write_json(path, obj): _write_atomic(Path(path), (json.dumps(_json_safe(obj), indent=1, default=str) + '\n').encode())
 
 def _is_smoke_run(run_dir:Path) -> bool:
     "Whether `run_dir` was written by a smoke test (its config.json says so)."
@@ -393,7 +400,7 @@ def _zero_expert_load(model):
     for mod in model.modules():
         if isinstance(getattr(mod, 'expert_load', None), torch.Tensor): mod.expert_load.zero_()
 
-# %% ../nbs/09_train.ipynb #d6b1bb01
+# %% ../nbs/09_train.ipynb #cfb1c5b2
 def _check_resume(ck, spec, tok_sha, man_sha, path, data_dir):
     "Refuse to continue a checkpoint on other data or another architecture; warn about changed training numbers."
     if ck.get('tokenizer_sha256') != tok_sha or ck.get('manifest_sha256') != man_sha:
@@ -565,7 +572,7 @@ def train(preset:str='tiny',          # a name in `fsi_nb.config.PRESETS`
                                elapsed_hours=(elapsed0 + now - t_start) / 3600, tokens=tokens, seq_len=seq_len, stage=stage,
                                bad_steps=bad_steps, total_steps=total, time=time.time())
                     if m.is_moe and routing is not None: rec['routing'] = routing_record(routing)
-                    log.write(json.dumps(rec) + '\n'); log.flush()
+                    log.write(json.dumps(_json_safe(rec), allow_nan=False) + '\n'); log.flush()   # a skipped step's loss: null
                     last_log_t, last_log_tokens = now, tokens
                     pbar.set_postfix(loss=f'{loss_val:.3f}', refresh=False)
                     if callback is not None:

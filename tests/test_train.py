@@ -232,7 +232,9 @@ def test_nan_steps_are_skipped_and_a_run_of_them_stops_with_a_checkpoint(prepare
     assert r.returncode == 0, r.stderr
     recs = records(tmp_path/'one')
     assert 'step 5: loss nan' in r.stderr and 'step skipped' in r.stderr
-    assert math.isnan(recs[5]['loss']) and recs[-1]['bad_steps'] == 1 and math.isfinite(recs[-1]['avg_loss'])
+    assert recs[5]['loss'] is None and recs[-1]['bad_steps'] == 1 and math.isfinite(recs[-1]['avg_loss'])   # NaN as null
+    def no_constants(c): raise ValueError(f'{c} is not JSON')
+    for line in (tmp_path/'one'/'log.jsonl').read_text().splitlines(): json.loads(line, parse_constant=no_constants)   # strict
     assert recs[4]['bad_steps'] == 0 and recs[5]['bad_steps'] == 1
 
     r = run(cli(prepared_data, tmp_path, 'many', '--set', 'max_bad_steps=4'), env=dict(FSI_NB_INJECT_NAN='6-100'))
