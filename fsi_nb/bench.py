@@ -342,7 +342,7 @@ def bench_ops(rows=None, precisions=('bf16',)) -> list[dict]:
             out.append(dict(preset=name, precision=precision, batch_size=B, seq_len=T, hybrid_ops=h, dense_ops=d, ratio=h / d))
     return out
 
-# %% ../nbs/12_bench.ipynb #887b5777
+# %% ../nbs/12_bench.ipynb #5e9eaca4
 def gpu_rows(names=None, # preset names; default every preset whose TrainConfig.device is 'cuda'
             ) -> list[tuple]:
     "`(name, model config, batch_size, seq_len)` of the GPU presets, each at its own micro-batch and sequence length."
@@ -352,6 +352,9 @@ def datasheet_peak(device) -> float|None:
     "The datasheet bf16 FLOP/s of `device`'s GPU when `fsi_nb.sizing.GPU_PEAKS` knows its name (A100, H100, H200), else None."
     if torch.device(device).type != 'cuda': return None
     name = torch.cuda.get_device_name(device).lower()
+    # the PCIe and NVL cards share the SXM chips' names but not their clocks: dense bf16 from their own datasheets
+    for words, peak in (('h100 pcie', 756e12), ('h100 nvl', 835e12), ('h200 nvl', 835e12)):
+        if all(w in name for w in words.split()): return peak
     return next((v['bf16'] for k, v in GPU_PEAKS.items() if k in name), None)
 
 def bench_device(ceiling:dict, # `matmul_ceiling(device=...)` on the same device

@@ -182,14 +182,14 @@ def training_memory(cfg:FSIEdgeConfig,      # or a preset name / `Preset`
     m['total'] = sum(m[k] for k in ('weights', 'master_weights', 'grads', 'adam_states', 'activations', 'loss_buffers'))
     return m
 
-# %% ../nbs/01_sizing.ipynb #fe7a4b31
+# %% ../nbs/01_sizing.ipynb #5e5dddea
 GPU_PEAKS = {  # FLOP/s, dense; memory as advertised
-    'a100': dict(bf16=312e12, fp32=19.5e12, memory_gb=80,
-                 source='NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB): BF16 tensor core 312 TFLOPS dense (624 with sparsity), FP32 19.5 TFLOPS'),
-    'h100': dict(bf16=989e12, fp32=67e12, memory_gb=80,
-                 source='NVIDIA H100 Tensor Core GPU datasheet (SXM5 80GB): BF16 tensor core 1,979 TFLOPS with sparsity = 989 dense, FP32 67 TFLOPS'),
-    'h200': dict(bf16=989e12, fp32=67e12, memory_gb=141,
-                 source='NVIDIA H200 Tensor Core GPU datasheet (SXM 141GB): BF16 tensor core 1,979 TFLOPS with sparsity = 989 dense (the H100 SXM chip), FP32 67 TFLOPS'),
+    'a100': dict(bf16=312e12, fp32=156e12, memory_gb=80,   # fp32: TF32, which fsi_nb.train enables on CUDA
+                 source='NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB): BF16 tensor core 312 TFLOPS dense (624 with sparsity), TF32 156 dense'),
+    'h100': dict(bf16=989e12, fp32=494e12, memory_gb=80,
+                 source='NVIDIA H100 Tensor Core GPU datasheet (SXM5 80GB): BF16 tensor core 1,979 TFLOPS with sparsity = 989 dense, TF32 989 with sparsity = 494 dense'),
+    'h200': dict(bf16=989e12, fp32=494e12, memory_gb=141,
+                 source='NVIDIA H200 Tensor Core GPU datasheet (SXM 141GB): BF16 tensor core 1,979 TFLOPS with sparsity = 989 dense (the H100 SXM chip), TF32 494 dense'),
 }
 
 # %% ../nbs/01_sizing.ipynb #d1391879
