@@ -121,7 +121,7 @@ def seed_everything(seed:int):
     "Seed Python, numpy and torch (all devices)."
     random.seed(seed); np.random.seed(seed); torch.manual_seed(seed)
 
-# %% ../nbs/09_train.ipynb #612e876b
+# %% ../nbs/09_train.ipynb #406d0c43
 class CheckpointError(RuntimeError):
     "A checkpoint could not be written, or did not verify."
 
@@ -145,10 +145,18 @@ def checkpoint_path(ckpt_dir, step:int) -> Path:
     "Where the checkpoint after `step` optimizer steps lives."
     return Path(ckpt_dir)/f'step_{step:07d}.pt'
 
+def _step_of(path:Path) -> int: return int(path.stem.split('_')[1])   # the step `checkpoint_path` put in the name
+
 def list_checkpoints(ckpt_dir) -> list[Path]:
     "Checkpoint files in `ckpt_dir`, oldest first (by step)."
     d = Path(ckpt_dir)
-    return sorted(d.glob('step_*.pt'), key=lambda p: int(p.stem.split('_')[1])) if d.exists() else []
+    return sorted(d.glob('step_*.pt'), key=_step_of) if d.exists() else []
+
+def _disk_error(e:OSError) -> str:
+    "What a failed write ran into, in words, with its errno."
+    why = {errno.ENOSPC: 'the disk is full', errno.EFBIG: 'the file is larger than this process may write',
+           errno.EDQUOT: 'the disk quota is exceeded'}.get(e.errno, e.strerror or str(e))
+    return f'{why} [errno {e.errno}]'
 
 def save_checkpoint(state:dict,     # what to save (tensors, dicts, lists, numbers, strings)
                     ckpt_dir,       # the run's checkpoints/ folder
@@ -171,14 +179,12 @@ def save_checkpoint(state:dict,     # what to save (tensors, dicts, lists, numbe
     except OSError as e:
         path.with_name(path.name + '.sha256').unlink(missing_ok=True)
         kept = f"the previous checkpoint {previous[-1]} is intact" if previous else "there is no earlier checkpoint"
-        why = {errno.ENOSPC: 'the disk is full', errno.EFBIG: 'the file is larger than this process may write',
-               errno.EDQUOT: 'the disk quota is exceeded'}.get(e.errno, e.strerror or str(e))
-        raise CheckpointError(f"could not write checkpoint {path} ({len(data)/2**20:.1f} MiB): {why} "
-                              f"[errno {e.errno}]; {kept}. Fix: free space in {d} (or raise the limit), then resume "
+        raise CheckpointError(f"could not write checkpoint {path} ({len(data)/2**20:.1f} MiB): {_disk_error(e)}; "
+                              f"{kept}. Fix: free space in {d} (or raise the limit), then resume "
                               "the run (resume=True) from the last good checkpoint.") from e
     # keep this one and the keep-1 before it. Newer files are the ones a resume skipped as damaged: left for the run
     # to overwrite when it gets there, so they never push a good checkpoint out
-    older = [p for p in list_checkpoints(d) if int(p.stem.split('_')[1]) < step]
+    older = [p for p in list_checkpoints(d) if _step_of(p) < step]
     for old in older[:max(len(older) - (keep - 1), 0)]:
         old.unlink(missing_ok=True); old.with_name(old.name + '.sha256').unlink(missing_ok=True)
     for orphan in d.glob('*.sha256'):   # a checksum whose checkpoint never landed (killed between the two writes)
@@ -293,7 +299,7 @@ def resolve_run(preset:str='tiny',      # a name in `fsi_nb.config.PRESETS`
     name = run_name or (f'{preset}-smoke' if smoke else preset)
     return RunSpec(preset, name, m, t, s, device, smoke, overrides)
 
-# %% ../nbs/09_train.ipynb #45b44064
+# %% ../nbs/09_train.ipynb #0c89920a
 def inject_nan_steps() -> set[int]:
     "Steps whose loss the loop replaces by NaN, from `$FSI_NB_INJECT_NAN` ('7', '7,9', '7-11'): a fault-injection hook for tests."
     steps = set()
@@ -393,7 +399,7 @@ def _truncate_log(path:Path, step:int):
         if rec.get('step', -1) < step: keep.append(line)
     try: _write_atomic(path, ''.join(l + '\n' for l in keep).encode())
     except OSError as e:   # the temp file failed; the log itself is untouched
-        raise CheckpointError(f"could not rewrite {path} to resume at step {step}: {e.strerror or e} [errno {e.errno}]; the log "
+        raise CheckpointError(f"could not rewrite {path} to resume at step {step}: {_disk_error(e)}; the log "
                               "and checkpoints are intact. Fix: free space on that disk (or raise the limit), then resume.") from e
 
 def _zero_expert_load(model):
