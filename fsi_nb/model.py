@@ -12,11 +12,12 @@ from .config import FSIEdgeConfig, loss_chunk_rows
 from .layers import RMSNorm, SwiGLU, rope_cache, rope_at
 from .attention import HybridAttention, AttentionState, byte_structure_tables, token_structure
 from .moe import MoEFFN
+from torch.utils.checkpoint import checkpoint
 _all_ = ['FSIEdgeConfig']   # re-exported: `from fsi_nb.model import FSIEdgeConfig, FSIEdgeModel` as in the seeds
 
 # %% auto #0
-__all__ = ['Block', 'chunked_cross_entropy', 'ModelOutput', 'GenerationState', 'FSIEdgeModel', 'sample_next', 'unwrap',
-           'FSIEdgeConfig']
+__all__ = ['Block', 'chunked_cross_entropy', 'chunked_logprobs', 'ModelOutput', 'GenerationState', 'FSIEdgeModel', 'sample_next',
+           'unwrap', 'FSIEdgeConfig']
 
 # %% ../nbs/08_model.ipynb #869c9d0d
 class Block(nn.Module):
@@ -89,6 +90,26 @@ def chunked_cross_entropy(h:torch.Tensor, # (N, d_model) final hidden states
         need_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
         return _FusedLinearCE.apply(h, weight, labels, chunk_size, dtype, need_grad)
 
+# %% ../nbs/08_model.ipynb #a4cce253
+def _chunk_logprobs(h, weight, targets):
+    z = (h @ weight.T).float()                                  # (chunk, V): made here, freed on return
+    return z.gather(1, targets.clamp(min=0)[:, None])[:, 0] - z.logsumexp(-1)
+
+def chunked_logprobs(h:torch.Tensor,       # (N, d_model) final hidden states
+                     weight:torch.Tensor,  # (vocab, d_model) output layer
+                     targets:torch.Tensor, # (N,) token ids; -100 rows give 0
+                     chunk_size:int|None=None, # rows per chunk; None: as the fused loss
+                    ) -> torch.Tensor:
+    "`log_softmax(h @ weight.T)[i, targets[i]]` for each row (N,), fp32, never materialising all the logits."
+    if chunk_size is None: chunk_size = loss_chunk_rows(weight.shape[0], h.device.type)
+    grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
+    out = []
+    for s in range(0, h.shape[0], chunk_size):
+        args = (h[s:s + chunk_size], weight, targets[s:s + chunk_size])
+        out.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False) if grad else _chunk_logprobs(*args))
+    lp = torch.cat(out) if out else h.new_zeros(0, dtype=torch.float32)
+    return lp.masked_fill(targets == -100, 0.0)
+
 # %% ../nbs/08_model.ipynb #cb839ec9
 @dataclass
 class ModelOutput:
@@ -97,6 +118,7 @@ class ModelOutput:
     logits: torch.Tensor | None = None    # (B, T, vocab); None when the loss was computed without them
     aux: dict = field(default_factory=dict)     # each loss term, unweighted: lm_loss (+ z_loss, orthogonality for MoE)
     routing: list = field(default_factory=list) # per MoE layer, its routing-health dict (empty for dense)
+    logprobs: torch.Tensor | None = None  # (B, T-1) log p(labels[:, t+1] | ids[:, :t+1]); 0 where labels are -100
 
 @dataclass
 class GenerationState:
@@ -178,12 +200,13 @@ class FSIEdgeModel(nn.Module):
                 labels:torch.Tensor|None=None, # (B, T), HF convention: the model shifts; -100 = ignore
                 return_logits:bool=True, # False + labels: fused chunked loss, logits never built (training)
                 attention_mask:torch.Tensor|None=None, # (B, T) 1 = token, 0 = right padding (its labels are ignored)
+                return_logprobs:bool=False, # with labels: also `.logprobs`, each target's log-probability (B, T-1)
                 **unexpected,
                ) -> ModelOutput:
         "Logits and/or loss for a batch of token ids."
         if unexpected:
-            raise TypeError(f"unexpected argument(s) {', '.join(unexpected)}. Fix: pass input_ids, labels, attention_mask "
-                            "and/or return_logits.")
+            raise TypeError(f"unexpected argument(s) {', '.join(unexpected)}. Fix: pass input_ids, labels, attention_mask, "
+                            "return_logits and/or return_logprobs.")
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}. Fix: pass a (batch, seq_len) tensor, e.g. ids[None].")
         if labels is not None and labels.shape != input_ids.shape:
@@ -208,7 +231,10 @@ class FSIEdgeModel(nn.Module):
         if labels is None or return_logits: out.logits = self.lm_head(x)
         if labels is None: return out
         targets = labels[:, 1:].reshape(-1)
-        if out.logits is None: lm_loss = chunked_cross_entropy(x[:, :-1].reshape(-1, x.shape[-1]), self.lm_head.weight, targets)
+        if return_logprobs:   # per-token log-probs for the objectives; the loss is their masked mean
+            out.logprobs = chunked_logprobs(x[:, :-1].reshape(-1, x.shape[-1]), self.lm_head.weight, targets).view(B, T - 1)
+            lm_loss = -out.logprobs.sum() / (targets != -100).sum().clamp(min=1)
+        elif out.logits is None: lm_loss = chunked_cross_entropy(x[:, :-1].reshape(-1, x.shape[-1]), self.lm_head.weight, targets)
         else: lm_loss = F.cross_entropy(out.logits[:, :-1].reshape(-1, out.logits.shape[-1]).float(), targets, ignore_index=-100,
                                         reduction='sum') / (targets != -100).sum().clamp(min=1)
         out.aux, out.routing, out.loss = dict(lm_loss=lm_loss), routing, lm_loss
