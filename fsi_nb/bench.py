@@ -17,11 +17,13 @@ from .layers import RMSNorm, SwiGLU, rope_cache, apply_rope
 from .helix import helix_attention, helix_attention_loop
 from .moe import MoEFFN
 from .model import FSIEdgeModel, chunked_cross_entropy
-from .train import make_optimizer, resolve_precision, train, tune_cpu_allocator
+from .runs import resolve_precision, tune_cpu_allocator
+from .train import make_optimizer, train, train_step as trainer_step
+from .objectives import Objective
 
 # %% auto #0
 __all__ = ['MOE_TARGET_SHAPE', 'TABLES', 'median_times', 'median_time', 'matmul_ceiling', 'DenseAttention', 'DenseBlock',
-           'DenseDecoder', 'dense_flops_per_token', 'train_step', 'step_throughputs', 'step_throughput',
+           'DenseDecoder', 'dense_flops_per_token', 'FixedBatch', 'train_step', 'step_throughputs', 'step_throughput',
            'cpu_moe_config', 'active_d_ff', 'preset_row', 'step_rows', 'default_loss', 'bench_step', 'bench_options',
            'bench_helix', 'moe_shapes', 'bench_moe', 'bench_loop', 'OpCounter', 'ops_per_step', 'ops_rows', 'bench_ops',
            'gpu_rows', 'datasheet_peak', 'bench_device', 'default_tables', 'run_bench', 'format_report', 'summary',
@@ -134,26 +136,28 @@ def dense_flops_per_token(model:DenseDecoder, seq_len:int) -> float:
     return 6 * matmul + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * (seq_len + 1) / 2
 
 # %% ../nbs/12_bench.ipynb #367b5a8a
+class FixedBatch(Objective):
+    "A bench objective: the same random batch every step, next-token loss with full logits ('plain') or the fused one ('chunked')."
+    def __init__(self, x:torch.Tensor, loss:str='plain'): self.x, self.plain_loss = x, loss == 'plain'
+    def batch(self, step, micro, model=None): return dict(input_ids=self.x, labels=self.x)
+    def loss(self, model, batch):
+        out = model(input_ids=batch['input_ids'], labels=batch['labels'], return_logits=self.plain_loss)
+        return getattr(out, 'loss', out), {}
+
 def train_step(model:nn.Module, # returns `.loss` (or a loss tensor) for `model(input_ids=, labels=)`; the step runs on its device
                batch_size:int, seq_len:int,
                precision:str='fp32', # 'fp32' or 'bf16' (autocast on the model's device; fp32 master weights)
                compile:bool=False, # step `torch.compile(model)` (compilation happens on the first calls)
                loss:str='plain', # 'plain' (full logits, then cross-entropy) or 'chunked' (fused chunked CE)
                seed:int=0):
-    "`(step, losses)`: a function running one full training step (forward, backward, AdamW, router-bias update) on one random batch, and the list it appends each loss to."
+    "`(step, losses)`: a function running the trainer's own optimizer step (`fsi_nb.train.train_step`: forward, backward, clip, AdamW, router bias) on one random batch, and the list it appends each loss to."
     dev = next(model.parameters()).device
     x = torch.randint(0, model.cfg.vocab_size, (batch_size, seq_len), generator=torch.Generator().manual_seed(seed)).to(dev)
-    opt = make_optimizer(model, TrainConfig())  # the trainer's AdamW (fused) and parameter groups
-    fwd = torch.compile(model) if compile else model
-    update_bias, losses = getattr(model, 'update_router_bias', None), []
+    tcfg = TrainConfig(grad_accum=1, precision=precision)
+    opt = make_optimizer(model, tcfg)  # the trainer's AdamW (fused) and parameter groups
+    fwd, objective, losses = torch.compile(model) if compile else model, FixedBatch(x, loss), []
     def step():
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=precision == 'bf16'):
-            out = fwd(input_ids=x, labels=x, return_logits=loss == 'plain')
-        out = getattr(out, 'loss', out)
-        out.backward(); losses.append(out.item())
-        opt.step(); opt.zero_grad(set_to_none=True)
-        if update_bias is not None: update_bias()
-        if dev.type == 'cuda': torch.cuda.synchronize()  # the step's queued kernels finish inside its own timing
+        losses.append(trainer_step(fwd, opt, objective, 0, tcfg, dev).loss)   # .item() inside: the step's kernels have finished
     return step, losses
 
 def step_throughputs(models, # models to time side by side (interleaved rounds)

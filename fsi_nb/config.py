@@ -129,6 +129,7 @@ class TrainConfig:
     clip_eps: float = 0.2              # GRPO: the ratio's clip range
     kl_coef: float = 0.0               # GRPO: weight of the KL to the frozen reference (0 = none)
     dpo_beta: float = 0.1              # DPO: the preference temperature beta
+    num_prompts: int = 256             # DPO: prompts sampled for preference pairs; RL: held-out prompts per validation (at most)
 
     def __post_init__(self):
         for f in ('batch_size', 'grad_accum', 'seq_len', 'max_steps', 'log_interval', 'save_interval', 'keep_checkpoints', 'max_bad_steps'):
@@ -142,7 +143,7 @@ class TrainConfig:
                'unknown device', "use 'auto', 'cpu' or 'cuda'")
         _check(self.budget_hours is None or self.budget_hours > 0, 'budget_hours', self.budget_hours, 'must be positive', 'use None for no budget')
         self.seq_curriculum = tuple(self.seq_curriculum)
-        for f in ('eval_interval', 'eval_batches', 'group_size', 'max_new_tokens'):
+        for f in ('eval_interval', 'eval_batches', 'group_size', 'max_new_tokens', 'num_prompts'):
             _check(getattr(self, f) > 0, f, getattr(self, f), 'must be positive', f'set {f} >= 1')
         for f in ('epochs', 'early_stop_patience', 'keep_every', 'kl_coef'):
             _check(getattr(self, f) >= 0, f, getattr(self, f), 'must not be negative', f'set {f} >= 0 (0 switches it off)')

@@ -16,7 +16,8 @@ from .config import FSIEdgeConfig, TrainConfig, config_from_dict
 from .tokenizer import load_tokenizer, structure_tables, tokenizer_sha256
 from .data import Batcher
 from .model import FSIEdgeModel
-from .train import latest_valid_checkpoint, load_checkpoint, resolve_device
+from .checkpoint import latest_valid_checkpoint, load_checkpoint
+from .runs import resolve_device
 from .dashboard import read_log
 
 # %% auto #0

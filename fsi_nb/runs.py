@@ -94,7 +94,7 @@ def _check_types(cls, over:dict):
                                     f"default {d!r}. Fix: e.g. {f.name}={d!r}.")
 
 _SMOKE = dict(batch_size=1, grad_accum=1, seq_len=64, seq_curriculum=(), max_steps=2, warmup_steps=1, device='cpu', precision='fp32',
-              compile=False, log_interval=1, epochs=0.0, group_size=2, max_new_tokens=8, eval_batches=1)
+              compile=False, log_interval=1, epochs=0.0, group_size=2, max_new_tokens=8, eval_batches=1, num_prompts=4)
 _SMOKE_KEYS = set(_SMOKE)
 
 def resolve_run(preset:str='tiny',      # a name in `fsi_nb.config.PRESETS`

@@ -113,7 +113,7 @@ class RunResult:
     skipped: list              # (checkpoint, reason) pairs that did not verify
     timings: dict              # seconds: total, data, log, checkpoint, eval (this session)
     signum: int | None = None
-    evals: list = field(default_factory=list)   # held-out metrics: one dict per validation, with its step
+    evals: list = field(default_factory=list)   # held-out metrics: one dict per validation, with its step (0: before training)
     best: dict | None = None   # the best validation (its step, metric and checkpoint)
     model: torch.nn.Module | None = field(default=None, repr=False)
 
@@ -162,7 +162,7 @@ def train_step(model,          # the module to run (a `torch.compile` wrapper is
     ok = math.isfinite(loss_val) and math.isfinite(gn)
     if ok:
         opt.step()
-        if plain.cfg.is_moe: plain.update_router_bias()   # once per optimizer step, on the load of all micro-batches
+        if hasattr(plain, 'update_router_bias'): plain.update_router_bias()   # once per step, on all micro-batches' load (MoE)
     else: _zero_expert_load(plain)                        # skip: no update, no router-bias update
     opt.zero_grad(set_to_none=True)
     return StepResult(loss_val, gn, ok, tokens, metrics, data_s)
@@ -244,6 +244,7 @@ class TrainState:
     loss_window: list = field(default_factory=list)   # the last 100 finite losses
     best: dict | None = None                          # {'step', metric, 'checkpoint'} of the best validation
     evals_since_best: int = 0
+    evals: list = field(default_factory=list)         # every validation's metrics, with `step` (0: the starting weights)
 
     def record(self, loss:float):
         self.loss = loss; self.loss_window = (self.loss_window + [loss])[-100:]
@@ -324,7 +325,7 @@ class _Loop:
         self.cmodel = torch.compile(model) if self.t.compile else model   # checkpoints save `model`: no `_orig_mod.` keys
         self.timings = dict(total=0.0, data=0.0, log=0.0, checkpoint=0.0, eval=0.0)
         self.saved_step = st.step if checkpoint else None
-        self.resumed_from, self.stopped, self.signum, self.evals, self.session_tokens = checkpoint, 'finished', None, [], 0
+        self.resumed_from, self.stopped, self.signum, self.session_tokens = checkpoint, 'finished', None, 0
 
     def run(self):
         t, st, total = self.t, self.st, self.t.max_steps
@@ -332,6 +333,7 @@ class _Loop:
         self.t_start = last_save = self.last_log = time.perf_counter(); self.last_log_tokens = st.tokens
         pbar = tqdm(total=total, initial=st.step, disable=not self.progress, desc=self.spec.run_name, dynamic_ncols=True,
                     mininterval=0.5 if sys.stderr.isatty() else 10, file=sys.stderr)
+        if st.step == 0 and not st.evals: self._validate()   # the starting weights: the "before" of this stage's metric
         with StopOnSignal() as sig, open(self.run_dir/'log.jsonl', 'a') as log:
             while st.step < total and not sig.signum:
                 t_step, rng_at_step = time.perf_counter(), rng_state()   # dropout draws from it: a dropped step must not advance it
@@ -395,7 +397,7 @@ class _Loop:
             st.best['checkpoint'] = str(checkpoint_path(self.run_dir/'best', st.step))
             self._save(best=True)
         else: st.evals_since_best += 1
-        self.evals.append(dict(step=st.step, **val))
+        st.evals.append(dict(step=st.step, **val))
         self.timings['eval'] += time.perf_counter() - t0
         return val
 
@@ -434,10 +436,10 @@ class _Loop:
         print(f'{self.spec.run_name}: {msg}. loss {st.loss if st.loss is None else round(st.loss, 4)}, '
               f'{tps:,.0f} tokens/s this session', file=sys.stderr)
         write_json(self.run_dir/'status.json', dict(state=self.stopped, message=msg, step=st.step, total_steps=total, loss=st.loss,
-                   stage=t.stage, checkpoint=str(self.checkpoint) if self.checkpoint else None, best=st.best, tokens_per_sec=tps,
-                   ended=time.time(), pid=os.getpid()))
+                   stage=t.stage, checkpoint=str(self.checkpoint) if self.checkpoint else None, best=st.best, metric=self.objective.metric,
+                   higher_is_better=self.objective.higher_is_better, evals=st.evals, tokens_per_sec=tps, ended=time.time(), pid=os.getpid()))
         return RunResult(self.spec.run_name, self.run_dir, st.step, total, self.stopped, msg, st.loss, st.avg_loss, st.tokens, tps,
-                         st.bad_steps, self.checkpoint, self.resumed_from, skipped, self.timings, self.signum, self.evals, st.best, self.model)
+                         st.bad_steps, self.checkpoint, self.resumed_from, skipped, self.timings, self.signum, st.evals, st.best, self.model)
 
 # %% ../nbs/09_train.ipynb #bd845d1f
 _EXIT = dict(finished=0, budget=0, early_stop=0, nan=3)

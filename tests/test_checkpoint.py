@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest, torch
 
-from fsi_nb.train import (CheckpointError, checkpoint_path, latest_valid_checkpoint, list_checkpoints, load_checkpoint,
+from fsi_nb.checkpoint import (CheckpointError, checkpoint_path, latest_valid_checkpoint, list_checkpoints, load_checkpoint,
                           rng_state, save_checkpoint, set_rng_state, verify_checkpoint)
 
 def _state(step, n=64):
@@ -65,7 +65,7 @@ def test_nothing_valid(tmp_path):
 
 _SAVER = textwrap.dedent('''
     import sys, torch
-    from fsi_nb.train import save_checkpoint
+    from fsi_nb.checkpoint import save_checkpoint
     d, n = sys.argv[1], int(sys.argv[2])
     w = torch.arange(n * n, dtype=torch.float32).view(n, n)
     for step in range(1, 10**6):
@@ -90,7 +90,7 @@ def test_kill_9_mid_save_never_leaves_a_bad_latest(tmp_path):
 
 _FULL = textwrap.dedent('''
     import resource, signal, sys, torch
-    from fsi_nb.train import save_checkpoint, CheckpointError
+    from fsi_nb.checkpoint import save_checkpoint, CheckpointError
     d, limit = sys.argv[1], int(sys.argv[2])
     save_checkpoint(dict(step=1, w=torch.zeros(256, 256)), d, 1)     # 256 KiB: fits
     if limit:

@@ -5,7 +5,7 @@ import pytest
 
 from fsi_nb.evaluate import load_run
 from fsi_nb.tokenizer import train_tokenizer
-from fsi_nb.train import list_checkpoints
+from fsi_nb.checkpoint import list_checkpoints
 from test_train import cli, run
 
 @pytest.fixture(scope='module')

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest, torch
 
-from fsi_nb.train import checkpoint_path, latest_valid_checkpoint, list_checkpoints, load_checkpoint
+from fsi_nb.checkpoint import checkpoint_path, latest_valid_checkpoint, list_checkpoints, load_checkpoint
 
 STEPS = 16
 ARGS = ['--preset', 'tiny', '--set', 'd_model=32', '--set', 'warmup_steps=2', '--batch-size', '2', '--seq-len', '32',
@@ -73,7 +73,7 @@ def test_loaded_checkpoint_reproduces_the_logged_loss(prepared_data, tmp_path):
     rec = records(tmp_path/'e')
     loaded = load_run(checkpoint_path(tmp_path/'e'/'checkpoints', 3))      # saved after 3 updates: the model of step 3
     t = loaded.train_config
-    batch = Batcher(prepared_data, 'train', seed=t.seed, stage=t.stages[0], max_steps=t.max_steps).get_batch(
+    batch = Batcher(prepared_data, 'train', seed=t.seed, stage=t.stage, max_steps=t.max_steps).get_batch(
         3, 0, t.batch_size, rec[3]['seq_len'])
     n = torch.get_num_threads(); torch.set_num_threads(1)                  # as the run's --threads 1
     try: loss = loaded.model.train()(**batch, return_logits=False).loss.item()
@@ -81,12 +81,11 @@ def test_loaded_checkpoint_reproduces_the_logged_loss(prepared_data, tmp_path):
     assert loss == rec[3]['loss'], (loss, rec[3]['loss'])
     assert loss != rec[2]['loss']
 
-def test_changed_max_steps_past_the_first_stage_is_refused(prepared_data, tmp_path):
-    "Two stages of 3 steps, done; resumed with max_steps=5, step 6 would land back in stage 2's step 1: refused."
-    stages = ['--set', 'stages=stage1,stage1b']
-    assert run(cli(prepared_data, tmp_path, 'st', *stages, steps=3)).returncode == 0
-    r = run(cli(prepared_data, tmp_path, 'st', *stages, steps=5))
-    assert r.returncode == 2 and 'replaying or skipping data' in r.stderr and 'Fix: resume with max_steps=3' in r.stderr, r.stderr
+def test_resuming_a_run_as_another_stage_is_refused(prepared_data, tmp_path):
+    "A run folder belongs to one stage: continuing stage1's checkpoints as stage1b would mix two objectives in one run."
+    assert run(cli(prepared_data, tmp_path, 'st', steps=3)).returncode == 0
+    r = run(cli(prepared_data, tmp_path, 'st', '--stage', 'stage1b', steps=3))
+    assert r.returncode == 2 and 'is a run of stage1, not stage1b' in r.stderr and 'Fix:' in r.stderr, r.stderr
 
 def test_an_exception_is_written_to_status_json(prepared_data, tmp_path):
     "A watcher reads status.json: an error that ends the run (here a KeyboardInterrupt from a callback) must show there."
@@ -242,7 +241,7 @@ def test_nan_steps_are_skipped_and_a_run_of_them_stops_with_a_checkpoint(prepare
     assert 'stopped after 4 non-finite steps in a row at step 10/16' in r.stderr and 'Fix:' in r.stderr
     ck = load_checkpoint(checkpoint_path(tmp_path/'many'/'checkpoints', 10))
     assert all(torch.isfinite(v).all() for v in ck['model'].values() if v.is_floating_point())
-    assert ck['bad_steps'] == 4 and json.loads((tmp_path/'many'/'status.json').read_text())['state'] == 'nan'
+    assert ck['train_state']['bad_steps'] == 4 and json.loads((tmp_path/'many'/'status.json').read_text())['state'] == 'nan'
     # the weights are those after step 5, the last good update: training is resumable from there
     assert math.isfinite(ck['loss'])
 
