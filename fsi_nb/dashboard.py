@@ -83,13 +83,16 @@ def summary_line(rec:dict, total_steps:int|None=None, eta:float|None=None) -> st
     return s
 
 def plot_training(df:pd.DataFrame, title:str='', vocab_size:int|None=32768) -> Figure:
-    "Loss with its moving average, learning rate, gradient norm and tokens/s over steps."
+    "Loss with its moving average and held-out validations, learning rate, gradient norm and tokens/s over steps."
     fig = Figure(figsize=(11, 6), layout='constrained')
     (a, b), (c, d) = fig.subplots(2, 2)
     if len(df):
         a.plot(df.step, df.loss, lw=0.8, alpha=0.6, label='loss')
         if 'avg_loss' in df: a.plot(df.step, df.avg_loss, lw=2, label='avg (100 steps)')
         if vocab_size: a.axhline(math.log(vocab_size), color='grey', ls=':', lw=1, label=f'ln({vocab_size})')
+        for k in [k for k in ('val_loss', 'val_reply_loss') if k in df]:   # held-out points, from each validation
+            v = df[['step', k]].dropna()
+            if len(v): a.plot(v.step, v[k], 'o-', ms=4, lw=1.2, label=k.replace('_', ' '))
         b.plot(df.step, df.lr); c.plot(df.step, df.grad_norm); d.plot(df.step, df.tokens_per_sec)
     a.set_ylabel('loss'); a.legend(loc='upper right', fontsize=8)
     b.set_ylabel('learning rate'); c.set_ylabel('grad norm (before clipping)'); c.set_yscale('log')

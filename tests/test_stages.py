@@ -1,0 +1,100 @@
+"""The pipeline as a user runs it: `python -m fsi_nb.train --stages ...` chains one run per stage, each from the previous
+one's final weights; a kill -9 inside a stage resumes it exactly and re-runs no finished stage; bad run folders get the fix."""
+import json, os, shutil, signal, subprocess, sys, time
+from pathlib import Path
+
+import pytest, torch
+
+from fsi_nb.config import STAGES
+from fsi_nb.checkpoint import load_checkpoint, final_checkpoint
+
+SMALL = ['--preset', 'tiny', '--set', 'd_model=32', '--set', 'warmup_steps=1', '--batch-size', '2', '--seq-len', '64',
+         '--log-interval', '1', '--save-interval', '2', '--threads', '1', '--no-progress', '--set', 'eval_batches=1',
+         '--set', 'group_size=2', '--set', 'max_new_tokens=12', '--set', 'num_prompts=4', '--set', 'epochs=0.0']
+
+def cli(data, runs, name, stages, *extra, steps=6):
+    return [sys.executable, '-m', 'fsi_nb.train', *SMALL, '--data-dir', str(data), '--runs-dir', str(runs), '--run-name', name,
+            '--stages', stages, '--max-steps', str(steps), *extra]
+
+def run(cmd, **kw): return subprocess.run(cmd, capture_output=True, text=True, timeout=600, **kw)
+
+def records(run_dir): return [json.loads(l) for l in (Path(run_dir)/'log.jsonl').read_text().splitlines()]
+
+def numbers(recs):
+    keys = ('step', 'loss', 'avg_loss', 'lr', 'grad_norm', 'tokens', 'reward', 'reward_margin')
+    return [{k: r.get(k) for k in keys} for r in recs]
+
+ALL = ','.join(STAGES)
+
+def test_whole_chain_smoke_from_one_command(prepared_data, tmp_path):
+    "Every stage of the CPU seed's launch command, two steps each (--smoke), chained: each from the previous one's weights."
+    r = run([sys.executable, '-m', 'fsi_nb.train', '--stages', ALL, '--smoke', '--no-progress', '--data-dir', str(prepared_data),
+             '--runs-dir', str(tmp_path), '--run-name', 'chain'])
+    assert r.returncode == 0, r.stderr[-3000:]
+    for stage in STAGES: assert stage in r.stdout
+    pdir, names = tmp_path/'chain', list(STAGES)
+    table = (pdir/'pipeline.csv').read_text()
+    assert table.count('finished') == len(names), table
+    for prev, stage in zip(names, names[1:]):
+        cfg = json.loads((pdir/stage/'config.json').read_text())
+        assert cfg['init_from'] == str(final_checkpoint(pdir/prev)), (stage, cfg['init_from'])
+        assert cfg['stage'] == stage and cfg['objective']
+    assert json.loads((pdir/'stage5'/'config.json').read_text())['model']['rope_base'] == STAGES['stage5'].model['rope_base']
+    # the starting weights of a stage are the previous stage's final ones: stage2's first validation equals stage1b's last
+    first = json.loads((pdir/'stage1b'/'status.json').read_text())['evals'][0]
+    assert first['step'] == 0
+
+@pytest.mark.parametrize('stage', ['stage2', 'stage3', 'stage4'])
+def test_kill_9_inside_a_stage_resumes_exactly(prepared_data, tmp_path, stage):
+    "kill -9 mid-stage (SFT, GRPO, DPO); the rerun skips the finished stage and the losses equal an uninterrupted chain's."
+    stages = f'stage1,{stage}'
+    ref = run(cli(prepared_data, tmp_path/'ref', 'p', stages))
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    log = tmp_path/'k'/'p'/stage/'log.jsonl'
+    p = subprocess.Popen(cli(prepared_data, tmp_path/'k', 'p', stages), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    t0 = time.monotonic()
+    while not (log.exists() and len(log.read_text().splitlines()) >= 3):   # past the save at step 2 of the second stage
+        assert p.poll() is None and time.monotonic() - t0 < 300, 'the chain ended before the kill'
+        time.sleep(0.01)
+    p.send_signal(signal.SIGKILL); p.wait()
+    r = run(cli(prepared_data, tmp_path/'k', 'p', stages))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert 'stage1 is done (finished); not re-run' in r.stdout and f'resuming p/{stage} from' in r.stderr, (r.stdout, r.stderr[-2000:])
+    for s in ('stage1', stage):
+        assert numbers(records(tmp_path/'k'/'p'/s)) == numbers(records(tmp_path/'ref'/'p'/s)), s
+    a, b = (load_checkpoint(final_checkpoint(d/'p'/stage))['model'] for d in (tmp_path/'ref', tmp_path/'k'))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+def test_sft_stage_trains_on_the_reply_only(prepared_data, tmp_path):
+    "The SFT objective's labels: -100 on every prompt token, the reply's tokens elsewhere; changing the prompt's text moves no label."
+    from fsi_nb.runs import resolve_run
+    from fsi_nb.objectives import make_objective, encode_example
+    from fsi_nb.tokenizer import load_tokenizer
+    spec = resolve_run('tiny', 'x', stage='stage2', data_dir=prepared_data, runs_dir=tmp_path)
+    obj = make_objective(spec, prepared_data)
+    x, y = obj.rows['train']
+    assert len(x) > 0 and obj.steps() > 0
+    tok = load_tokenizer(prepared_data/'tokenizer')
+    user, assistant = tok.token_to_id('<|user|>'), tok.token_to_id('<|assistant|>')
+    for row_x, row_y in zip(x[:50], y[:50]):   # from each <|user|> up to its <|assistant|>, no label
+        inside = False
+        for t, l in zip(row_x.tolist(), row_y.tolist()):
+            if t == user: inside = True
+            if inside: assert l == -100
+            if t == assistant: inside = False
+    rec = obj.records('train')[0]
+    a, b = encode_example(tok, rec), encode_example(tok, dict(rec, prompt=rec['prompt'] + ' Please hurry.'))
+    assert [l for l in a[1] if l != -100] == [l for l in b[1] if l != -100]
+
+def test_read_only_runs_folder_is_a_clear_error(prepared_data, tmp_path):
+    "A runs folder on a read-only filesystem (EROFS stops root too): exit 4 with the cause and the fix, no traceback."
+    ro = tmp_path/'ro'; ro.mkdir()
+    if subprocess.run(['mount', '-t', 'tmpfs', '-o', 'ro,size=1m', 'tmpfs', str(ro)], capture_output=True).returncode:
+        pytest.skip('cannot mount a read-only tmpfs here (not root, or no CAP_SYS_ADMIN)')
+    try:
+        r = run([sys.executable, '-m', 'fsi_nb.train', '--preset', 'tiny', '--data-dir', str(prepared_data), '--runs-dir', str(ro),
+                 '--run-name', 'x', '--max-steps', '2', '--no-progress'])
+    finally: subprocess.run(['umount', str(ro)])
+    assert r.returncode == 4, (r.returncode, r.stderr[-2000:])
+    assert 'cannot write the run folder' in r.stderr and 'Read-only file system' in r.stderr and 'Fix: point runs_dir' in r.stderr
+    assert 'Traceback' not in r.stderr, r.stderr
