@@ -129,6 +129,7 @@ class TrainConfig:
     clip_eps: float = 0.2              # GRPO: the ratio's clip range
     kl_coef: float = 0.0               # GRPO: weight of the KL to the frozen reference (0 = none)
     dpo_beta: float = 0.1              # DPO: the preference temperature beta
+    tasks: str = 'coldstart'           # record stages' prompts: 'coldstart' (the prepared records) or 'arith' (a family a tiny model learns)
     num_prompts: int = 256             # DPO: prompts sampled for preference pairs; RL: held-out prompts per validation (at most)
 
     def __post_init__(self):

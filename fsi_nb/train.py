@@ -24,9 +24,9 @@ from .runs import (RunSpec, NeedsGPUError, resolve_run, autocast_context, tune_c
 from .objectives import make_objective
 
 # %% auto #0
-__all__ = ['param_groups', 'make_optimizer', 'lr_at', 'WarmupCosine', 'make_scheduler', 'routing_record', 'inject_nan_steps',
-           'StopOnSignal', 'RunResult', 'StepResult', 'train_step', 'build_model', 'load_init_weights', 'TrainState',
-           'train', 'main']
+__all__ = ['MODEL_SIZES', 'param_groups', 'make_optimizer', 'lr_at', 'WarmupCosine', 'make_scheduler', 'routing_record',
+           'inject_nan_steps', 'StopOnSignal', 'RunResult', 'StepResult', 'train_step', 'build_model',
+           'load_init_weights', 'TrainState', 'train', 'main']
 
 # %% ../nbs/09_train.ipynb #42fc88e5
 def param_groups(model:torch.nn.Module, weight_decay:float) -> list[dict]:
@@ -441,8 +441,9 @@ class _Loop:
         return RunResult(self.spec.run_name, self.run_dir, st.step, total, self.stopped, msg, st.loss, st.avg_loss, st.tokens, tps,
                          st.bad_steps, self.checkpoint, self.resumed_from, skipped, self.timings, self.signum, st.evals, st.best, self.model)
 
-# %% ../nbs/09_train.ipynb #bd845d1f
+# %% ../nbs/09_train.ipynb #9538ce87
 _EXIT = dict(finished=0, budget=0, early_stop=0, nan=3)
+MODEL_SIZES = {'4K': 'tiny', '5K': 'small', '28K': 'med'}   # the CPU seed's --model-size names (its parameter counts are wrong: DESIGN §8)
 
 def _value(s:str):
     import ast
@@ -456,6 +457,7 @@ def main(argv=None) -> int:
                                         '(also: no document survived the filters), 3 stopped on non-finite losses, 4 a checkpoint '
                                         'or the run folder could not be written, 128+N stopped by signal N.')
     ap.add_argument('--preset', default='tiny', help='tiny, small, med, h100, a100, h200, cipher')
+    ap.add_argument('--model-size', choices=sorted(MODEL_SIZES), help="the CPU seed's names for the CPU presets: 4K = tiny, 5K = small, 28K = med")
     ap.add_argument('--run-name', help='folder under runs_dir (default: the preset name)')
     ap.add_argument('--stage', help='the stage this run trains (default stage1): stage1, stage1b, stage2, ... (fsi_nb.config.STAGES)')
     ap.add_argument('--stages', help='a pipeline: comma separated stages, each its own run under --run-name, e.g. stage1,stage1b,stage2')
@@ -472,7 +474,8 @@ def main(argv=None) -> int:
     ap.add_argument('--set', action='append', default=[], metavar='KEY=VALUE',
                     help='any other TrainConfig or FSIEdgeConfig field, e.g. --set d_model=32 --set n_layers=1')
     a = ap.parse_args(argv)
-    over = {k: v for k, v in vars(a).items() if k not in ('preset', 'run_name', 'no_resume', 'smoke', 'no_progress', 'set')}
+    if a.model_size: a.preset = MODEL_SIZES[a.model_size]
+    over = {k: v for k, v in vars(a).items() if k not in ('preset', 'model_size', 'run_name', 'no_resume', 'smoke', 'no_progress', 'set')}
     for kv in a.set:
         k, eq, v = kv.partition('=')
         if not eq: ap.error(f'--set {kv!r}: expected KEY=VALUE, e.g. --set d_model=32')

@@ -70,3 +70,15 @@ def test_gpu_preset_smoke_passes_on_the_cpu(prepared_data, tmp_path):
     assert len(recs[0]['routing']['load']) == 12 and len(recs[0]['routing']['load'][0]) == 32    # the real architecture
     cfg = json.loads((tmp_path/'h100-smoke'/'config.json').read_text())
     assert cfg['smoke'] and cfg['model']['d_model'] == 512 and cfg['train']['batch_size'] == 1 and cfg['device'] == 'cpu'
+
+def test_the_whole_pipeline_from_train_ipynb(prepared_data, tmp_path):
+    "`-p stages` with every stage of the CPU seed's launch command, each two steps (-p smoke True): one run per stage, the table."
+    out = tmp_path/'pipeline.ipynb'
+    stages = 'stage1,stage1b,stage2,stage2b,stage3,stage3b,stage4,stage5'
+    r = papermill('train.ipynb', out, ('preset', 'tiny'), ('stages', stages), ('smoke', True), ('data_dir', prepared_data),
+                  ('runs_dir', tmp_path), ('run_name', 'pipe'))
+    assert r.returncode == 0, r.stderr[-3000:]
+    text, pngs, _ = outputs(out)
+    assert pngs >= 1 and 'grpo_execution' in text and 'val_reward_margin' in text
+    for s in stages.split(','): assert json.loads((tmp_path/'pipe'/s/'status.json').read_text())['state'] == 'finished', s
+    assert 'stage5' in text and 'validation loss' in text

@@ -98,3 +98,21 @@ def test_read_only_runs_folder_is_a_clear_error(prepared_data, tmp_path):
     assert r.returncode == 4, (r.returncode, r.stderr[-2000:])
     assert 'cannot write the run folder' in r.stderr and 'Read-only file system' in r.stderr and 'Fix: point runs_dir' in r.stderr
     assert 'Traceback' not in r.stderr, r.stderr
+
+def test_grpo_reference_model_never_changes(prepared_data, tmp_path):
+    "GRPO with a KL term: the policy moves, the frozen reference (the starting weights) does not, step after step."
+    from fsi_nb.runs import resolve_run
+    from fsi_nb.objectives import make_objective
+    from fsi_nb.train import build_model, make_optimizer, train_step
+    spec = resolve_run('tiny', 'g', stage='stage3', data_dir=prepared_data, runs_dir=tmp_path, d_model=32, batch_size=2,
+                       group_size=4, max_new_tokens=8, kl_coef=0.1, lr=1e-2, precision='fp32', threads=1)
+    obj, model = make_objective(spec, prepared_data), build_model(spec, prepared_data)
+    obj.setup(model)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    opt = make_optimizer(model, spec.train)
+    for step in range(3):
+        r = train_step(model, opt, obj, step, spec.train, spec.device)
+        assert r.ok and 'kl' in r.metrics
+    assert all(torch.equal(v, start[k]) for k, v in obj.ref.state_dict().items())
+    assert not all(torch.equal(v, start[k]) for k, v in model.state_dict().items())
+    assert all(not p.requires_grad for p in obj.ref.parameters())
