@@ -630,8 +630,8 @@ def _value(s:str):
 def main(argv=None) -> int:
     "`python -m fsi_nb.train --preset tiny --max-steps 300 --run-name x`: the same `train` from a terminal."
     ap = argparse.ArgumentParser(prog='python -m fsi_nb.train', description='Train an fsi_nb preset (resumes by default).',
-                                 epilog='Exit status: 0 finished or budget reached, 2 bad arguments or setup (a corpus none of whose '
-                                        'documents pass the filters included), 3 stopped on '
+                                 epilog='Exit status: 0 finished or budget reached, 2 bad arguments or setup (including a corpus in '
+                                        'which no document passes the filters), 3 stopped on '
                                         'non-finite losses, 4 a checkpoint could not be written, 128+N stopped by signal N.')
     ap.add_argument('--preset', default='tiny', help='tiny, small, med, h100, a100, h200, cipher')
     ap.add_argument('--run-name', help='folder under runs_dir (default: the preset name)')
