@@ -14,7 +14,7 @@ import pandas as pd, torch
 
 from .config import FSIEdgeConfig, TrainConfig, config_from_dict
 from .tokenizer import load_tokenizer, structure_tables, tokenizer_sha256
-from .data import Batcher
+from .batches import Batcher
 from .model import FSIEdgeModel
 from .checkpoint import latest_valid_checkpoint, load_checkpoint
 from .runs import resolve_device

@@ -145,7 +145,7 @@ def _apply_padding_mask(attention_mask, input_ids, labels):
     if keep.all(): return labels
     if (keep[:, 1:] & ~keep[:, :-1]).any():
         raise ValueError("attention_mask has padding before or inside a sequence; the model attends causally and has no "
-                         "padding mask. Fix: pad on the right (or pack sequences, as fsi_nb.data.Batcher does).")
+                         "padding mask. Fix: pad on the right (or pack sequences, as fsi_nb.batches.Batcher does).")
     return None if labels is None else labels.masked_fill(~keep, -100)
 
 class FSIEdgeModel(nn.Module):

@@ -13,7 +13,9 @@ import numpy as np, torch
 
 from .config import TrainConfig
 from .tokenizer import SPECIAL_TOKENS, load_tokenizer
-from .data import Batcher, seq_len_for_step, load_coldstart
+from .sources import load_coldstart, explain_records
+from .data import load_records
+from .batches import Batcher, seq_len_for_step
 from .runs import RunSpec, autocast_context
 from .sandbox import run_many
 
@@ -111,7 +113,8 @@ def task_records(data_dir, tasks:str, split:str, kinds=('code', 'math', 'explain
     "The records of `split` for a record stage: `tasks` is 'coldstart' (the prepared folder's) or 'arith'."
     if tasks == 'arith': return [r for r in arith_tasks() if r['split'] == split and r['kind'] in kinds]
     if tasks != 'coldstart': raise ValueError(f"tasks={tasks!r}. Fix: use 'coldstart' or 'arith'.")
-    return [r for r in load_coldstart(Path(data_dir)/'cold_start.jsonl') if r.get('split', 'train') == split and r['kind'] in kinds]
+    recs = [r for r in load_records(data_dir, split) if r['kind'] in kinds]
+    return recs + (explain_records(split) if 'explain' in kinds else [])   # explain tasks are not in the corpus: drawn here
 
 # %% ../nbs/08d_objectives.ipynb #46dab2c2
 def chat_pieces(rec:dict, with_thought:bool=False) -> tuple[str, str]:

@@ -15,7 +15,8 @@ from tqdm import tqdm
 
 from .config import TrainConfig, Settings, config_to_dict
 from .tokenizer import load_tokenizer, structure_tables
-from .data import ensure_prepared, verify_manifest, manifest_sha256
+from .data import ensure_prepared
+from .shards import verify_manifest, manifest_sha256
 from .model import FSIEdgeModel, unwrap
 from .checkpoint import (CheckpointError, checkpoint_path, save_checkpoint, load_checkpoint, latest_valid_checkpoint,
                                list_checkpoints, final_checkpoint, rng_state, set_rng_state, seed_everything)

