@@ -13,6 +13,7 @@ import numpy as np, pandas as pd
 from datasketch import MinHash, MinHashLSH
 from tqdm import tqdm
 from .sources import CODE_LANGS, Doc, read_text_file, run_tests
+from .sandbox import check_records
 
 # %% auto #0
 __all__ = ['NUM_PERM', 'FILTER_STAGES', 'quality_reason', 'heuristic_reason', 'balance_reason', 'grounding_reason',
@@ -84,8 +85,10 @@ def balance_reason(text:str, lang:str) -> str | None:
     return f"unclosed {text[stack[-1]]!r} (line {line(stack[-1])})" if stack else None
 
 # %% ../nbs/03b_filters.ipynb #a03b0014
-def grounding_reason(text:str, lang:str, record:dict|None=None) -> str | None:
-    "Why `text` is not well-formed `lang` (or a cold-start record fails its tests), or None."
+def grounding_reason(text:str, lang:str, record:dict|None=None,
+                     tested:str|None|bool=False, # a reasoning record's verdict, already checked (`check_records`); False: check it now
+                    ) -> str | None:
+    "Why `text` is not well-formed `lang` (or a cold-start record fails its tests, in the sandbox), or None."
     if lang == 'python':
         try:
             with warnings.catch_warnings():
@@ -95,7 +98,7 @@ def grounding_reason(text:str, lang:str, record:dict|None=None) -> str | None:
         except (ValueError, RecursionError, MemoryError, OverflowError) as e: return f"Python does not compile: {type(e).__name__}: {e}"
         return None
     if lang in _SCAN: return balance_reason(text, lang)
-    if lang == 'reasoning': return run_tests(record or {})
+    if lang == 'reasoning': return run_tests(record or {}) if tested is False else tested
     return None
 
 # %% ../nbs/03b_filters.ipynb #2d1906af
@@ -119,7 +122,7 @@ def _permutations(num_perm): return MinHash(num_perm=num_perm, seed=1, scheme='a
 def _minhash(hv): return MinHash(num_perm=len(hv), seed=1, hashvalues=hv, scheme='affine32', permutations=_permutations(len(hv)))
 
 # %% ../nbs/03b_filters.ipynb #cae1107d
-def _analyze(doc:Doc, max_file_bytes:int) -> dict:
+def _analyze(doc:Doc, max_file_bytes:int, tested=False) -> dict:
     "Everything the filters need to know about one document (runs in a worker)."
     text, reason = (doc.text, None) if doc.text is not None else read_text_file(doc.path, max_file_bytes)
     if reason: return dict(text=None, nbytes=Path(doc.path).stat().st_size if Path(doc.path).exists() else 0, reasons=dict(read=reason))
@@ -128,9 +131,13 @@ def _analyze(doc:Doc, max_file_bytes:int) -> dict:
         except Exception as e: return f"{f.__name__} failed: {type(e).__name__}: {e}"
     return dict(text=text, nbytes=len(text.encode('utf-8', 'surrogatepass')), sha=hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest(),
                 minhash=minhash_values(text), reasons=dict(quality=check(quality_reason, text, doc.lang), heuristic=check(heuristic_reason, text, doc.lang),
-                                                           grounding=check(grounding_reason, text, doc.lang, doc.record)))
+                                                           grounding=check(grounding_reason, text, doc.lang, doc.record, tested)))
 
-def _analyze_many(args): return [_analyze(d, m) for d, m in args]
+def _analyze_many(args):
+    "`_analyze` for a chunk; its cold-start records are tested together, in one sandbox (`check_records`)."
+    reasoning = [k for k, (d, _) in enumerate(args) if d.lang == 'reasoning']
+    verdicts = dict(zip(reasoning, check_records([args[k][0].record or {} for k in reasoning])))
+    return [_analyze(d, m, verdicts.get(k, False)) for k, (d, m) in enumerate(args)]
 
 # %% ../nbs/03b_filters.ipynb #a03b0017
 FILTER_STAGES = ('read', 'dedup', 'quality', 'heuristic', 'grounding')

