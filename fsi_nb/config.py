@@ -116,7 +116,7 @@ class TrainConfig:
     keep_checkpoints: int = 3
     max_bad_steps: int = 5             # NaN/inf steps in a row before checkpoint-and-stop
     budget_hours: float | None = None  # stop with a final checkpoint before this wall time
-    stage: str = 'stage1'              # what the run trains: a name in `fsi_nb.stages.STAGES` (its objective and data)
+    stage: str = 'stage1'              # what the run trains: a name in `STAGES` below (its objective, data and numbers)
     init_from: str = ''                # a run folder or checkpoint whose weights start this run (fresh optimizer); '' = from scratch
     epochs: float = 0.0                # record stages (SFT, DPO): passes over the records, which sets max_steps; 0 = use max_steps
     eval_interval: int = 250           # optimizer steps between validations on held-out data (and at the end)

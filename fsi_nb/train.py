@@ -60,7 +60,7 @@ class WarmupCosine:
         return lr_at(step % self.max_steps, self.lr, self.min_lr, self.warmup_steps, self.max_steps) / self.lr
 
 def make_scheduler(opt:torch.optim.Optimizer, tcfg:TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
-    "A LambdaLR over `WarmupCosine`; each stage of a multi-stage run gets the whole schedule again."
+    "A LambdaLR over `WarmupCosine`: the schedule of one run (each stage of a pipeline is a run of its own)."
     return torch.optim.lr_scheduler.LambdaLR(opt, WarmupCosine(tcfg.lr, tcfg.min_lr, tcfg.warmup_steps, tcfg.max_steps))
 
 # %% ../nbs/09_train.ipynb #733c4548
@@ -326,7 +326,7 @@ class _Loop:
         self.cmodel = torch.compile(model) if self.t.compile else model   # checkpoints save `model`: no `_orig_mod.` keys
         self.timings = dict(total=0.0, data=0.0, log=0.0, checkpoint=0.0, eval=0.0)
         self.saved_step = st.step if checkpoint else None
-        self.resumed_from, self.stopped, self.signum, self.session_tokens = checkpoint, 'finished', None, 0
+        self.resumed_from, self.stopped, self.signum, self.session_tokens, self.best_pending = checkpoint, 'finished', None, 0, False
 
     def run(self):
         t, st, total = self.t, self.st, self.t.max_steps
@@ -334,7 +334,8 @@ class _Loop:
         self.t_start = last_save = self.last_log = time.perf_counter(); self.last_log_tokens = st.tokens
         pbar = tqdm(total=total, initial=st.step, disable=not self.progress, desc=self.spec.run_name, dynamic_ncols=True,
                     mininterval=0.5 if sys.stderr.isatty() else 10, file=sys.stderr)
-        if st.step == 0 and not st.evals: self._validate()   # the starting weights: the "before" of this stage's metric
+        if st.step == 0 and not st.evals:   # the starting weights: the "before" of this stage's metric
+            self._validate(); self._save(best=True)
         with StopOnSignal() as sig, open(self.run_dir/'log.jsonl', 'a') as log:
             while st.step < total and not sig.signum:
                 t_step, rng_at_step = time.perf_counter(), rng_state()   # dropout draws from it: a dropped step must not advance it
@@ -359,11 +360,13 @@ class _Loop:
                 if val and t.early_stop_patience and st.evals_since_best >= t.early_stop_patience: self.stopped = 'early_stop'; break
                 if st.step % t.save_interval == 0 or now - last_save >= t.save_minutes * 60:
                     save_s = self._save(); last_save = time.perf_counter()
+                if self.best_pending and st.step < total: self._save(best=True)   # the end saves the rolling one first
                 if t.budget_hours and (now - self.t_start) + 2 * step_s + 2 * max(save_s, step_s) >= t.budget_hours * 3600:
                     self.stopped = 'budget'; break
             pbar.close()
             if sig.signum: self.stopped, self.signum = 'signal', sig.signum
             if self.saved_step != st.step: self._save()
+            if self.best_pending: self._save(best=True)
         self.timings['total'] = time.perf_counter() - self.t_start
 
     def _state(self) -> dict:
@@ -384,7 +387,8 @@ class _Loop:
         t0 = time.perf_counter()
         d, keep = (self.run_dir/'best', 1) if best else (self.run_dir/'checkpoints', self.t.keep_checkpoints)
         path = save_checkpoint(self._state(), d, self.st.step, keep=keep, keep_every=0 if best else self.t.keep_every)
-        if not best: self.checkpoint, self.saved_step = path, self.st.step
+        if best: self.best_pending = False
+        else: self.checkpoint, self.saved_step = path, self.st.step
         dt = time.perf_counter() - t0; self.timings['checkpoint'] += dt
         return dt
 
@@ -396,7 +400,7 @@ class _Loop:
         if better and math.isfinite(score):
             st.best, st.evals_since_best = {'step': st.step, obj.metric: score}, 0
             st.best['checkpoint'] = str(checkpoint_path(self.run_dir/'best', st.step))
-            self._save(best=True)
+            self.best_pending = True   # saved after this step's rolling checkpoint, which matters more
         else: st.evals_since_best += 1
         st.evals.append(dict(step=st.step, **val))
         self.timings['eval'] += time.perf_counter() - t0

@@ -207,6 +207,7 @@ def test_full_disk_during_a_save_keeps_the_previous_checkpoint(prepared_data, tm
         mnt = tmp_path/'small'
         if not _mount_tmpfs(mnt, f'{int(size * 1.5) // 4096 * 4096}'): pytest.skip('cannot mount a tmpfs here (not root / no CAP_SYS_ADMIN)')
         for s in (3,): checkpoint_path(ck, s).unlink(); checkpoint_path(ck, s).with_suffix('.pt.sha256').unlink()
+        shutil.rmtree(tmp_path/'f'/'best')   # room for one checkpoint and a half: the rolling one at step 6 alone
         shutil.copytree(tmp_path/'f', mnt/'f'); runs = mnt
     else:
         def preexec():
