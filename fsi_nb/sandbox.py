@@ -379,11 +379,11 @@ def check_record(rec:dict,          # a cold-start record: code, tests, answer
                  timeout:float=5.0, # seconds for the record's code and all its tests
                  **kw,              # other run_code arguments (limits, mode)
                 ) -> str | None:
-    "None when the record's `code` passes all its `tests` in the sandbox, else the reason (the contract of `data.run_tests`)."
+    "None when the record's `code` passes all its `tests` in the sandbox, else the reason (the contract of `sources.run_tests`)."
     tests = rec.get('tests') or []
     r = run_code(rec.get('code') or '', tests, timeout=timeout, name='coldstart', bindings={'answer': rec.get('answer', '')}, **kw)
     if r.passed: return None if tests else 'has no tests'
-    r.error = re.sub(r'\((program\.py|<test \d+>), line', '(<string>, line', r.error)   # run_tests compiles from strings: same words
+    r.error = re.sub(r'\((program\.py|<test \d+>), line', '(<string>, line', r.error)   # the in-process check compiled from strings: the same words
     if r.where == 'program': return f'solution does not run: {r.error}'
     if r.where == 'test':
         return f'fails its test `{r.failed_test}`' if r.error.split(':')[0] == 'AssertionError' else f'test `{r.failed_test}` raises {r.error}'
