@@ -279,11 +279,11 @@ def train(preset:str='tiny',          # a name in `fsi_nb.config.PRESETS`
         raise ValueError(f"the tokenizer in {data_dir} has {manifest['vocab_size']} tokens but the model's vocab_size is "
                          f"{spec.model.vocab_size}. Fix: vocab_size={manifest['vocab_size']} (or larger), or prepare with a smaller vocabulary.")
     objective = make_objective(spec, data_dir)
-    if (n := objective.steps()) is not None: spec.train = replace(spec.train, max_steps=max(n, 1))   # epochs -> steps
-    t = spec.train
     model = build_model(spec, data_dir)
-    init = load_init_weights(model, t.init_from, tok_sha) if t.init_from else None
+    init = load_init_weights(model, spec.train.init_from, tok_sha) if spec.train.init_from else None
     objective.setup(model)                        # from the starting weights (reference models, DPO pairs)
+    if (n := objective.steps()) is not None: spec.train = replace(spec.train, max_steps=max(n, 1))   # epochs -> steps (DPO: once its pairs exist)
+    t = spec.train
     opt = make_optimizer(model, t); sched = make_scheduler(opt, t)
     st, (ckpt_path, skipped) = TrainState(), latest_valid_checkpoint(ckpt_dir) if resume else (None, [])
     if skipped and ckpt_path is None:   # never left by a crash (saves are atomic): refuse rather than train over them

@@ -116,3 +116,12 @@ def test_grpo_reference_model_never_changes(prepared_data, tmp_path):
     assert all(torch.equal(v, start[k]) for k, v in obj.ref.state_dict().items())
     assert not all(torch.equal(v, start[k]) for k, v in model.state_dict().items())
     assert all(not p.requires_grad for p in obj.ref.parameters())
+
+def test_dpo_epochs_set_the_steps_from_its_pairs(prepared_data, tmp_path):
+    "DPO's pairs exist only after sampling; `epochs` must turn into steps from them, not fall back to the preset's max_steps."
+    from fsi_nb.train import train
+    r = train('tiny', 'd', progress=False, stage='stage4', data_dir=prepared_data, runs_dir=tmp_path, d_model=32, batch_size=2,
+              grad_accum=1, group_size=2, max_new_tokens=8, num_prompts=6, epochs=1.0, eval_batches=1, threads=1)
+    pairs = json.loads((tmp_path/'d'/'config.json').read_text())
+    assert r.stopped == 'finished' and 1 <= r.total_steps <= 3, r.total_steps     # ceil(pairs / 2), at most 6 pairs
+    assert pairs['train']['max_steps'] == r.total_steps
