@@ -47,10 +47,11 @@ class Objective:
             with torch.no_grad(), autocast_context(self.device, self.cfg.precision): return fn()
         finally: model.train(was)
 
-# %% ../nbs/08c_objectives.ipynb #6fa2e6f5
+# %% ../nbs/08c_objectives.ipynb #1545ff18
 class NextToken(Objective):
     "Next-token prediction on the batcher's windows (the stage decides the mix and the FIM rate)."
-    def __init__(self, spec, data_dir, verify:bool=True):
+    def __init__(self, spec, data_dir,
+                 verify:bool=False):   # hash the shards; the trainer has already (`verify_manifest`), once
         super().__init__(spec, data_dir)
         t = self.cfg
         self.batcher = Batcher(self.data_dir, 'train', seed=t.seed, stage=self.batch_stage, max_steps=t.max_steps, verify=verify)
