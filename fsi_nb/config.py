@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, asdict, replace, fields
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['LOSS_CHUNK_LOGITS', 'PRESETS', 'STAGES', 'FSIEdgeConfig', 'TrainConfig', 'loss_chunk_rows', 'Preset', 'get_preset',
-           'Stage', 'config_to_dict', 'config_from_dict', 'Settings', 'find_settings', 'load_settings',
+__all__ = ['LOSS_CHUNK_LOGITS', 'PRESETS', 'STAGES', 'PRESET_STAGES', 'FSIEdgeConfig', 'TrainConfig', 'loss_chunk_rows', 'Preset',
+           'get_preset', 'Stage', 'config_to_dict', 'config_from_dict', 'Settings', 'find_settings', 'load_settings',
            'check_parameters']
 
 # %% ../nbs/00_config.ipynb #99b32d5f
@@ -129,7 +129,7 @@ class TrainConfig:
     clip_eps: float = 0.2              # GRPO: the ratio's clip range
     kl_coef: float = 0.0               # GRPO: weight of the KL to the frozen reference (0 = none)
     dpo_beta: float = 0.1              # DPO: the preference temperature beta
-    tasks: str = 'coldstart'           # record stages' prompts: 'coldstart' (the prepared records) or 'arith' (a family a tiny model learns)
+    tasks: str = 'coldstart'           # record stages' prompts: 'coldstart' (the prepared records), 'arith' (a family a tiny model learns), or 'coldstart+arith'
     num_prompts: int = 256             # DPO: prompts sampled for preference pairs; RL: held-out prompts per validation (at most)
 
     def __post_init__(self):
@@ -233,6 +233,19 @@ STAGES = {s.name: s for s in [
     Stage('stage5', 'next_token', 'final data mix at 128 -> 256 -> 512 tokens with RoPE base 1e6', 'stage4',
           dict(max_steps=500, warmup_steps=25, seq_curriculum=(128, 256, 512), seq_len=512), dict(rope_base=1e6, max_seq_len=512)),
 ]}
+
+# %% ../nbs/00_config.ipynb #669697c7
+PRESET_STAGES = {
+    'tiny': {
+        'stage1b': dict(max_steps=200),
+        'stage2': dict(lr=3e-3, epochs=6.0, tasks='coldstart+arith', eval_interval=200),
+        'stage2b': dict(lr=1e-3, epochs=2.0, tasks='coldstart+arith', eval_interval=200),
+        'stage3': dict(lr=1e-4, max_steps=40, tasks='coldstart+arith', max_new_tokens=64, num_prompts=32, eval_interval=10),
+        'stage3b': dict(lr=1e-4, max_steps=60, batch_size=8, tasks='arith', max_new_tokens=48, num_prompts=48, eval_interval=20),
+        'stage4': dict(lr=1e-5, epochs=3.0, batch_size=8, tasks='arith', max_new_tokens=48, num_prompts=128, eval_interval=20),
+        'stage5': dict(max_steps=300, eval_interval=100),
+    },
+}
 
 # %% ../nbs/00_config.ipynb #b7071938
 def config_to_dict(cfg) -> dict:

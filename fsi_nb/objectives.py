@@ -20,10 +20,10 @@ from .runs import RunSpec, autocast_context
 from .sandbox import run_many
 
 # %% auto #0
-__all__ = ['OBJECTIVES', 'Objective', 'NextToken', 'FIM', 'arith_tasks', 'task_records', 'chat_pieces', 'encode_example',
-           'pack_examples', 'SFT', 'SFTReasoning', 'sample_group', 'completion_batch', 'sequence_logprobs',
-           'format_reward', 'completion_code', 'group_advantages', 'grpo_loss', 'GRPO', 'GRPOExecution', 'dpo_loss',
-           'DPO', 'make_objective']
+__all__ = ['TASK_FAMILIES', 'OBJECTIVES', 'Objective', 'NextToken', 'FIM', 'arith_tasks', 'task_records', 'chat_pieces',
+           'encode_example', 'pack_examples', 'SFT', 'SFTReasoning', 'sample_group', 'completion_batch',
+           'sequence_logprobs', 'format_reward', 'completion_code', 'group_advantages', 'grpo_loss', 'GRPO',
+           'GRPOExecution', 'dpo_loss', 'DPO', 'make_objective']
 
 # %% ../nbs/08c_objectives.ipynb #9c4a7724
 class Objective:
@@ -110,12 +110,19 @@ def arith_tasks(n:int=2000, seed:int=0) -> list[dict]:
                         entry_point=name, tests=[f"assert {name}({x}) == {fn(x, k)}" for x in xs], split=split))
     return out
 
+TASK_FAMILIES = ('coldstart', 'arith')
+
 def task_records(data_dir, tasks:str, split:str, kinds=('code', 'math', 'explain')) -> list[dict]:
-    "The records of `split` for a record stage: `tasks` is 'coldstart' (the prepared folder's) or 'arith'."
-    if tasks == 'arith': return [r for r in arith_tasks() if r['split'] == split and r['kind'] in kinds]
-    if tasks != 'coldstart': raise ValueError(f"tasks={tasks!r}. Fix: use 'coldstart' or 'arith'.")
-    recs = [r for r in load_records(data_dir, split) if r['kind'] in kinds]
-    return recs + (explain_records(split) if 'explain' in kinds else [])   # explain tasks are not in the corpus: drawn here
+    "The records of `split` for a record stage: `tasks` names families from `TASK_FAMILIES`, joined by '+' for a mix."
+    families = tasks.split('+')
+    if any(f not in TASK_FAMILIES for f in families):
+        raise ValueError(f"tasks={tasks!r}. Fix: use 'coldstart' or 'arith', or both as 'coldstart+arith'.")
+    recs = []
+    for f in families:
+        if f == 'arith': recs += [r for r in arith_tasks() if r['split'] == split and r['kind'] in kinds]
+        else:   # explain tasks are not in the corpus: drawn here
+            recs += [r for r in load_records(data_dir, split) if r['kind'] in kinds] + (explain_records(split) if 'explain' in kinds else [])
+    return recs
 
 # %% ../nbs/08c_objectives.ipynb #af307891
 def chat_pieces(rec:dict, with_thought:bool=False) -> tuple[str, str]:

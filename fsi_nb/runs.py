@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np, torch
 
-from .config import FSIEdgeConfig, TrainConfig, Settings, STAGES, get_preset, load_settings
+from .config import FSIEdgeConfig, TrainConfig, Settings, STAGES, PRESET_STAGES, get_preset, load_settings
 from .checkpoint import CheckpointError, write_atomic, disk_error, list_checkpoints
 
 # %% auto #0
@@ -122,8 +122,9 @@ def resolve_run(preset:str='tiny',      # a name in `fsi_nb.config.PRESETS`
     for cls, over in ((TrainConfig, tover), (FSIEdgeConfig, mover)): _check_types(cls, over)
     stage = STAGES.get(tover.get('stage', t.stage))
     if stage is None: raise ValueError(f"stage={tover.get('stage')!r} is not a stage. Fix: use one of {', '.join(STAGES)}.")
-    # the stage's own numbers (SFT's lr, long context's RoPE base) sit between the preset and the caller's overrides
-    t = replace(t, **({k: v for k, v in stage.train.items() if not smoke or k not in _SMOKE_KEYS} | tover))
+    # the stage's own numbers (SFT's lr, long context's RoPE base), then the preset's for that stage, under the caller's
+    staged = stage.train | PRESET_STAGES.get(p.name, {}).get(stage.name, {})
+    t = replace(t, **({k: v for k, v in staged.items() if not smoke or k not in _SMOKE_KEYS} | tover))
     m = replace(p.model, **(stage.model | mover))
     if t.warmup_steps >= t.max_steps and not smoke:
         warnings.warn(f"warmup_steps={t.warmup_steps} >= max_steps={t.max_steps}: the learning rate never reaches lr={t.lr} "
