@@ -47,10 +47,14 @@ class FSIEdgeConfig:
     router_bias_rate: float = 1e-3     # loss-free balancing step u
     z_loss_weight: float = 1e-3        # router z-loss weight (ST-MoE)
     orthogonality_loss_weight: float = 1e-2  # population orthogonality loss weight
+    arch: str = 'hybrid'               # 'dense': the baseline, every head full causal attention (no struct or Helix heads)
 
     def __post_init__(self):
         n = self.n_heads
         _check(n > 0, 'n_heads', n, 'must be positive', 'set n_heads >= 1')
+        _check(self.arch in ('hybrid', 'dense'), 'arch', self.arch, "is not an architecture", "use 'hybrid' or 'dense'")
+        if self.arch == 'dense':   # a local head whose window covers the whole sequence is plain causal attention
+            self.local_heads, self.struct_heads, self.global_heads, self.window_size = n, 0, 0, self.max_seq_len
         if self.local_heads is None: self.local_heads = n // 2
         if self.struct_heads is None: self.struct_heads = n // 4
         if self.global_heads is None: self.global_heads = n - self.local_heads - self.struct_heads

@@ -467,6 +467,7 @@ def main(argv=None) -> int:
     ap.add_argument('--stage', help='the stage this run trains (default stage1): stage1, stage1b, stage2, ... (fsi_nb.config.STAGES)')
     ap.add_argument('--stages', help='a pipeline: comma separated stages, each its own run under --run-name, e.g. stage1,stage1b,stage2')
     ap.add_argument('--init-from', help="a run folder or checkpoint whose final weights start this run (fresh optimizer)")
+    ap.add_argument('--arch', choices=('hybrid', 'dense'), help="'dense': the baseline, every head plain causal attention (default hybrid)")
     for name, typ in [('max_steps', int), ('batch_size', int), ('grad_accum', int), ('seq_len', int), ('lr', float),
                       ('budget_hours', float), ('seed', int), ('log_interval', int), ('save_interval', int),
                       ('save_minutes', float), ('threads', int), ('device', str), ('precision', str),
