@@ -82,3 +82,17 @@ def test_the_whole_pipeline_from_train_ipynb(prepared_data, tmp_path):
     assert pngs >= 1 and 'grpo_execution' in text and 'val_reward_margin' in text
     for s in stages.split(','): assert json.loads((tmp_path/'pipe'/s/'status.json').read_text())['state'] == 'finished', s
     assert 'stage5' in text and 'validation loss' in text
+
+def test_compare_hybrid_and_dense(prepared_data, tmp_path):
+    "Two real runs on the same data, hybrid and dense, side by side through compare.ipynb."
+    from fsi_nb.train import train
+    small = dict(data_dir=prepared_data, runs_dir=tmp_path, d_model=32, batch_size=2, seq_len=64, max_steps=6, warmup_steps=1,
+                 log_interval=1, eval_interval=3, eval_batches=1, threads=1, progress=False)
+    for name, arch in (('hyb', 'hybrid'), ('den', 'dense')): train('tiny', name, arch=arch, **small)
+    out = tmp_path/'compare.ipynb'
+    r = papermill('compare.ipynb', out, ('runs', 'hyb,den'), ('runs_dir', tmp_path), ('smooth', 2))
+    assert r.returncode == 0, r.stderr[-3000:]
+    text, pngs, _ = outputs(out)
+    assert pngs == 1 and 'lowest validation loss' in text and 'dense' in text and 'hybrid' in text
+    table = (tmp_path/'compare-hyb-vs-den'/'compare.csv').read_text()
+    assert table.count('\n') == 3 and (tmp_path/'compare-hyb-vs-den'/'comparison.png').stat().st_size > 10_000
