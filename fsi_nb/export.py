@@ -461,12 +461,14 @@ def gguf_config(path) -> FSIEdgeConfig:
     rd = _gguf_reader(path)
     return FSIEdgeConfig(**{f.name: _field(rd, gguf_key(f.name)) for f in dataclasses.fields(FSIEdgeConfig)})
 
+# %% ../nbs/13_export.ipynb #7cb22c65
 def gguf_tokenizer(path) -> Tokenizer:
     "The tokenizer stored in a GGUF file by `export_gguf`, rebuilt from its tokens, types, merges and pre-tokenizer pattern."
     rd = _gguf_reader(path)
     return _bpe_tokenizer(_field(rd, 'tokenizer.ggml.tokens'), _field(rd, 'tokenizer.ggml.token_type'),
                           _field(rd, 'tokenizer.ggml.merges'), _field(rd, f'{GGUF_ARCH}.tokenizer.pretokenize_pattern'))
 
+# %% ../nbs/13_export.ipynb #25e83bb2
 def load_gguf(path # a .gguf file written by `export_gguf`
              ) -> FSIEdgeModel:
     "The kit's model (eval mode, fp32, CPU) from a GGUF file written by `export_gguf`; Q8_0 tensors are dequantized."
