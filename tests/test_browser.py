@@ -1,0 +1,184 @@
+"""What a person sees in JupyterLab, in a real browser: JupyterLab on 127.0.0.1 driven by Debian's chromium through
+Playwright. The sizing explorer's plot after every control change, the training dashboard (loss and routing plots,
+no broken image, back after a page reload mid-run), and the run notebooks opened as working copies, so that the
+sources stay untouched. A screenshot of every step is kept under runs/ci-artifacts/browser/ for a person to look at.
+
+Needs `chromium` (Debian: apt-get install chromium) and the `playwright` package; `.ci/run` installs both and sets
+FSI_NB_REQUIRE_BROWSER=1, so that there a missing browser fails instead of skipping."""
+import hashlib, io, json, os, shutil, socket, subprocess, sys, time, urllib.request
+from pathlib import Path
+
+import numpy as np, pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT/'runs'/'ci-artifacts'/'browser'
+CHROMIUM = shutil.which('chromium') or '/usr/bin/chromium'
+
+def _missing() -> str:
+    try: import playwright  # noqa: F401
+    except ImportError: return 'the playwright package is missing (pip install -e ".[dev]")'
+    return '' if Path(CHROMIUM).exists() else 'no chromium (apt-get install chromium)'
+
+if _missing():
+    if os.environ.get('FSI_NB_REQUIRE_BROWSER'): raise RuntimeError(f'browser tests required, but {_missing()}')
+    pytest.skip(_missing(), allow_module_level=True)
+
+from PIL import Image
+from playwright.sync_api import sync_playwright, expect
+
+def free_port() -> int:
+    with socket.socket() as s: s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
+
+def png_spread(png:bytes) -> float:
+    "Standard deviation of the grey levels of a screenshot: about 0 for a blank (all-white) image, tens for a plot."
+    return float(np.asarray(Image.open(io.BytesIO(png)).convert('L'), dtype=float).std())
+
+class Lab:
+    "A JupyterLab server in `root` and a chromium page on it; `shot` keeps numbered screenshots."
+    def __init__(self, root:Path, shots:Path, pw):
+        self.root, self.shots, self.n = root, shots, 0
+        self.port, self.token = free_port(), os.urandom(8).hex()
+        # kernels' connection files under a path that names two notebook runners: widgets must stay on
+        runtime = root.parent/'nbdev-papermill-runtime'
+        settings = root.parent/'lab-settings'/'@jupyterlab'/'apputils-extension'
+        settings.mkdir(parents=True, exist_ok=True)
+        (settings/'notification.jupyterlab-settings').write_text('{"fetchNews": "false", "checkForUpdates": false}')
+        env = {k: v for k, v in os.environ.items() if k not in ('FSI_NB_LIVE', 'IN_TEST')} | dict(JUPYTER_RUNTIME_DIR=str(runtime))
+        self.proc = subprocess.Popen(
+            [sys.executable, '-m', 'jupyter', 'lab', '--no-browser', '--allow-root', '--ip=127.0.0.1', f'--port={self.port}',
+             f'--ServerApp.token={self.token}', f'--ServerApp.root_dir={root}', f'--LabApp.workspaces_dir={root.parent/"lab-ws"}',
+             f'--LabApp.user_settings_dir={root.parent/"lab-settings"}'],
+            cwd=root, env=env, stdout=open(root.parent/'jupyterlab.log', 'w'), stderr=subprocess.STDOUT)
+        for _ in range(240):
+            try: urllib.request.urlopen(f'http://127.0.0.1:{self.port}/api/status?token={self.token}', timeout=2); break
+            except OSError: time.sleep(0.5)
+        else: raise RuntimeError(f"JupyterLab did not start: {(root.parent/'jupyterlab.log').read_text()[-2000:]}")
+        self.browser = pw.chromium.launch(executable_path=CHROMIUM, args=['--no-sandbox'])
+        self.page = self.browser.new_page(viewport={'width': 1400, 'height': 1000})
+
+    def shot(self, name:str, el=None):
+        self.n += 1
+        path = self.shots/f'{self.n:02d}-{name}.png'
+        png = (el or self.page).screenshot(path=str(path))
+        ARTIFACTS.mkdir(parents=True, exist_ok=True); shutil.copy(path, ARTIFACTS/path.name)
+        return png
+
+    def open(self, name:str):
+        self.page.goto(f'http://127.0.0.1:{self.port}/lab/tree/{name}?token={self.token}')
+        self.wait_idle()
+
+    def wait_idle(self, timeout=120):
+        expect(self.page.get_by_text('| Idle')).to_be_visible(timeout=timeout * 1000)
+
+    def run_all(self):
+        self.page.get_by_text('Run', exact=True).first.click()
+        self.page.get_by_text('Run All Cells', exact=True).click()
+
+    def broken_images(self) -> int:
+        "Images in the page that the browser could not show (the broken-image icon)."
+        return self.page.evaluate("[...document.querySelectorAll('img')].filter(i => i.complete && i.naturalWidth === 0 && i.offsetParent !== null).length")
+
+    def close(self):
+        self.browser.close(); self.proc.terminate(); self.proc.wait(30)
+
+@pytest.fixture(scope='module')
+def lab(tmp_path_factory, prepared_data):
+    "JupyterLab on working copies of the run notebooks (`python -m fsi_nb.dashboard lab`), the sources' hashes kept."
+    from fsi_nb.dashboard import lab_copies
+    base = tmp_path_factory.mktemp('browser')
+    root, shots = base/'lab', base/'screenshots'
+    shots.mkdir(); shutil.rmtree(ARTIFACTS, ignore_errors=True)
+    sources = {n: hashlib.sha256((ROOT/'nbs'/n).read_bytes()).hexdigest() for n in ('sizing.ipynb', 'train.ipynb')}
+    lab_copies(dest=root)
+    (root/'settings.ini').write_text(f"[fsi_nb]\ndata_dir = {prepared_data}\nruns_dir = runs\nthreads = 1\nlog_interval = 5\n")
+    with sync_playwright() as pw:
+        lab = Lab(root, shots, pw)
+        try: yield lab
+        finally: lab.close()
+    for n, h in sources.items():   # a person works in the copies: the sources stay as committed
+        assert hashlib.sha256((ROOT/'nbs'/n).read_bytes()).hexdigest() == h, f'nbs/{n} was written'
+
+def set_parameters(nb_path:Path, **values):
+    "Edit the parameters cell of a working copy, as a person would before running it."
+    nb = json.loads(nb_path.read_text())
+    cell = next(c for c in nb['cells'] if 'parameters' in c['metadata'].get('tags', []))
+    cell['source'] = ''.join(cell['source']) + ''.join(f'\n{k} = {v!r}' for k, v in values.items())
+    nb_path.write_text(json.dumps(nb))
+
+def test_sizing_explorer_redraws_a_real_plot_after_every_change(lab):
+    lab.open('sizing.ipynb'); lab.run_all()
+    page = lab.page
+    explorer = page.locator('.widget-hbox').filter(has=page.locator('.widget-image')).first
+    image, table = explorer.locator('.widget-image'), explorer.locator('.widget-html')
+    expect(image).to_be_visible(timeout=180_000)
+    expect(page.get_by_text('widgets skipped')).to_have_count(0)   # not taken for a headless run
+    def check(step:str, expect_in_table:str):
+        expect(table).to_contain_text(expect_in_table, timeout=60_000)
+        src = image.get_attribute('src')
+        for _ in range(40):   # the table and the image are updated one after the other
+            time.sleep(0.5)
+            if image.get_attribute('src') == src: break
+            src = image.get_attribute('src')
+        image.scroll_into_view_if_needed()
+        lab.shot(step, explorer)
+        spread = png_spread(image.screenshot())
+        assert spread > 10, f'{step}: the plot is blank (grey-level spread {spread:.1f})'
+        assert image.evaluate('i => i.naturalWidth') > 300 and lab.broken_images() == 0
+    check('sizing-explorer-h100', '105,068,568')
+    explorer.locator('.widget-dropdown select').first.select_option('tiny')
+    check('sizing-preset-tiny', '2,220,418')
+    layers = explorer.locator('.widget-slider').filter(has_text='layers').locator('.widget-readout')
+    layers.click(); page.keyboard.press('Control+a'); page.keyboard.type('4'); page.keyboard.press('Enter')
+    from fsi_nb.sizing import count_params, _explore_config
+    from fsi_nb.config import get_preset
+    check('sizing-layers-4', f"{count_params(_explore_config(get_preset('tiny'), 64, 4, 4, 0, 0, 128)).total:,}")
+    explorer.locator('.widget-dropdown').filter(has_text='GPU').locator('select').select_option('a100')
+    check('sizing-gpu-a100', '312 TFLOP/s')
+    lab.shot('sizing-page')
+
+def dashboard_images(page):
+    return page.locator('.widget-vbox').filter(has=page.locator('.widget-html pre')).locator('.widget-image')
+
+def test_training_dashboard_survives_a_reload_mid_run(lab):
+    "A dense CPU run of about 40 s: the loss plot, no broken image, and the dashboard back after a reload while it trains."
+    set_parameters(lab.root/'train.ipynb', preset='tiny', run_name='reload', max_steps=100000, batch_size=2,
+                   budget_hours=40 / 3600, eval_batches=1, max_new_tokens=8)
+    lab.open('train.ipynb'); lab.run_all()
+    page, images = lab.page, dashboard_images(lab.page)
+    head = page.locator('.widget-html pre').filter(has_text='reload:')
+    expect(images.first).to_be_visible(timeout=180_000)
+    images.first.scroll_into_view_if_needed()
+    lab.shot('train-dashboard')
+    assert png_spread(images.first.screenshot()) > 10 and lab.broken_images() == 0
+    expect(page.locator('[data-mime-type="application/vnd.jupyter.stderr"]')).to_have_count(0)   # no red box
+    page.keyboard.press('Control+s'); time.sleep(1)   # what autosave does every two minutes
+    step_before = int(head.inner_text().split('step ')[1].split('/')[0])
+    page.reload()
+    expect(page.get_by_text('Loading widget')).to_have_count(0, timeout=60_000)
+    expect(images.first).to_be_visible(timeout=60_000)
+    expect(head).not_to_contain_text(f'step {step_before}/', timeout=60_000)   # back, and still following the run
+    assert json.loads((lab.root/'runs'/'reload'/'status.json').read_text())['state'] == 'running', 'reloaded after the run ended'
+    images.first.scroll_into_view_if_needed()
+    lab.shot('train-dashboard-after-reload')
+    assert png_spread(images.first.screenshot()) > 10 and lab.broken_images() == 0
+    expect(head).to_contain_text('budget: stopped at step', timeout=120_000)   # the run's last word, as ordinary text
+    lab.shot('train-dashboard-finished')
+    assert images.count() == 2 and not images.nth(1).is_visible()   # dense: the routing image stays hidden, not broken
+    lab.wait_idle(300)
+
+def test_smoke_run_shows_loss_and_routing_plots(lab):
+    "The h100 preset's real MoE architecture for two steps: both plots, nothing broken, the notebook to its end."
+    shutil.copy(ROOT/'nbs'/'train.ipynb', lab.root/'smoke.ipynb')
+    set_parameters(lab.root/'smoke.ipynb', preset='h100', smoke=True, run_name='smoke')
+    lab.open('smoke.ipynb'); lab.run_all()
+    page, images = lab.page, dashboard_images(lab.page)
+    expect(page.get_by_text('finished 2/2 steps').first).to_be_visible(timeout=600_000)
+    lab.wait_idle(300)
+    for i, name in ((0, 'loss'), (1, 'routing')):
+        expect(images.nth(i)).to_be_visible()
+        images.nth(i).scroll_into_view_if_needed()
+        assert png_spread(lab.shot(f'smoke-dashboard-{name}', images.nth(i))) > 10, f'the {name} plot is blank'
+    page.keyboard.press('Control+End')
+    lab.shot('smoke-notebook-end')
+    assert lab.broken_images() == 0
+    expect(page.locator('[data-mime-type="application/vnd.jupyter.stderr"]')).to_have_count(0)
