@@ -47,21 +47,19 @@ def _text(html:str) -> str:
     return re.sub(r'<[^>]+>', ' ', html)
 
 def test_notebook_pages_show_their_outputs_and_no_plumbing(site):
-    executed = json.loads((ROOT/'_proc'/'executed'/'01_sizing.ipynb').read_text()) if (ROOT/'_proc'/'executed'/'01_sizing.ipynb').exists() else None
     for page in _notebook_pages(site):
         html = page.read_text()
-        assert '#|' not in _text(html), f'{page.name} shows nbdev directives'
+        assert not re.search(r'(?m)^\s*#\|', _text(html)), f'{page.name} shows nbdev directives'
         assert 'default_exp' not in _text(html), f'{page.name} shows nbdev plumbing'
         if page.stem[0].isdigit() or page.stem in ('sizing', 'train'):
             assert html.count('jp-OutputArea-output') >= 3, f'{page.name} has no outputs'
     sizing = (site/'01_sizing.html').read_text()
-    outputs = re.findall(r'<div class="jp-OutputArea-output[^"]*".*?</div>', sizing, re.S)
-    assert len(outputs) > 20
+    assert sizing.count('jp-OutputArea-output') > 20
     assert sizing.count('<img') >= 1 and 'data:image/png;base64' in sizing, 'the tokens-vs-parameters plot is missing'
-    assert sizing.count('<table') >= 5, 'the tables are missing'
+    assert re.search(r'jp-OutputArea-output.{0,400}<table', sizing, re.S) and sizing.count('<table') >= 4, 'the tables are missing'
     # the page starts with its title, not with the exported imports
     body = sizing.split('<article', 1)[1]
-    assert body.find('<h1') < body.find('jp-CodeCell'), 'code above the title'
+    assert body.find('<h1') < re.search(r'<div[^>]*class="[^"]*jp-CodeCell', body).start(), 'code above the title'
     run_page = (site/'train.html').read_text()
     assert 'data:image/png;base64' in run_page and 'finished' in _text(run_page)   # the run's plot and its last line
 
@@ -73,13 +71,13 @@ def test_table_of_contents_matches_the_headings(site):
     assert ('sizing-the-a100-and-h200-presets', 'Sizing the a100 and h200 presets') in [(i, re.sub(r'\s+', ' ', t)) for i, t in toc]
 
 def test_navigation_titles_are_unique_and_sections_exist(site):
-    html = (site/'index.html').read_text()
-    nav = html.split('md-nav--primary', 1)[1]
-    titles = [re.sub(r'\s+', ' ', t).strip() for t in re.findall(r'<span class="md-ellipsis">(.*?)</span>', nav, re.S)]
-    pages = [t for t in titles if t not in ('Library', 'Run notebooks', 'Lab notes', 'API')]
-    dupes = sorted({t for t in pages if [p.lower() for p in pages].count(t.lower()) > 1})
-    assert not dupes, f'the navigation has these titles twice: {dupes}'
-    for section in ('Library', 'Run notebooks', 'Lab notes', 'API'): assert section in titles
+    "One title per page (not 'sizing' and 'Sizing'), and the pages grouped in sections."
+    nav = (site/'01_sizing.html').read_text().split('md-nav--primary', 1)[1]
+    links = dict(re.findall(r'<a href="([^"#]+\.html)" class="md-nav__link[^"]*">\s*<span class="md-ellipsis">\s*(.*?)\s*</span>', nav, re.S))
+    titles = [re.sub(r'\s+', ' ', t).lower() for t in links.values()]
+    assert len(links) > 40 and len(set(titles)) == len(titles), sorted(t for t in titles if titles.count(t) > 1)
+    sections = re.findall(r'<label class="md-nav__link"[^>]*>\s*<span class="md-ellipsis">\s*(.*?)\s*</span>', nav, re.S)
+    assert {'Library', 'Run notebooks', 'Lab notes', 'API'} <= set(sections), sections
 
 def test_nothing_points_outside_the_site(site):
     "No page asks another server for anything (fonts, scripts, styles, images), and no docstring links a hosted copy."

@@ -52,8 +52,10 @@ def run(notebooks:list[Path], n_workers:int=None) -> list[Path]:
     from fastcore.xtras import working_directory
     if not notebooks: return []
     n_workers = min(os.cpu_count() or 1, 8) if n_workers is None else n_workers
+    if str(Path(__file__).parent) not in sys.path: sys.path.insert(0, str(Path(__file__).parent))
+    import execute   # by an importable name, for worker processes that are started fresh rather than forked
     with working_directory(NBS):
-        results = parallel(_execute, notebooks, n_workers=n_workers if len(notebooks) > 1 else 0, pause=0.01)
+        results = parallel(execute._execute, notebooks, n_workers=n_workers if len(notebooks) > 1 else 0, pause=0.01)
     return [nb for nb, (ok, _) in zip(notebooks, results) if not ok]
 
 def main(argv=None) -> int:

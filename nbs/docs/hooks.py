@@ -10,7 +10,7 @@ the pages in `_proc/site/` and points `docs_dir` there; nothing is written into 
 drops code spans ("Sizing the `a100` and `h200` presets" became "Sizing the and presets", with a dead anchor).
 """
 from __future__ import annotations
-import html, importlib.util, json, logging, re, shutil, sys
+import html, json, logging, re, shutil, sys
 from pathlib import Path
 
 from mkdocs.exceptions import PluginError
@@ -22,11 +22,10 @@ SITE_SRC = ROOT/'_proc'/'site'
 log = logging.getLogger('mkdocs.hooks.fsi_nb')
 
 def _execute_module():
-    "`execute.py` as a module (registered, so that its worker functions pickle into the worker processes)."
-    if 'fsi_nb_docs_execute' not in sys.modules:
-        spec = importlib.util.spec_from_file_location('fsi_nb_docs_execute', HERE/'execute.py')
-        mod = importlib.util.module_from_spec(spec); sys.modules[spec.name] = mod; spec.loader.exec_module(mod)
-    return sys.modules['fsi_nb_docs_execute']
+    "`execute.py`, imported by name (its worker function must pickle into worker processes)."
+    if str(HERE) not in sys.path: sys.path.insert(0, str(HERE))
+    import execute
+    return execute
 
 _PLUMBING = re.compile(r'^#\|\s*(default_exp|hide)\b')
 _DIRECTIVE = re.compile(r'^#\|.*\n?', re.M)
@@ -42,7 +41,7 @@ def page_notebook(nb:dict, template_note:str|None=None) -> dict:
             if title_at is None and re.match(r'#\|\s*export', src): continue   # the exported imports above the title
             src = _DIRECTIVE.sub('', src).strip('\n')
             if not src and not c.get('outputs'): continue
-        cells.append(dict(c, source=src))
+        cells.append(dict(c, source=src, metadata={}))   # execnb's timings are not valid nbformat metadata
     if title_at:   # code above the title (a run notebook's parameters) goes right below it
         cells = [cells[title_at], *cells[:title_at], *cells[title_at + 1:]]
     if template_note: cells.insert(1, dict(cell_type='markdown', id='template-note', metadata={}, source=template_note))
