@@ -102,6 +102,7 @@ def prepare(out_dir=None,                    # None: settings.ini data_dir
     params |= {k: v for k, v in dict(text_field=text_field, tokenizer_sample_mb=tokenizer_sample_mb).items() if v != _STREAM_DEFAULTS[k]}
     status = {}
     cands = iter_sources(sources, max_files, extra_code, num_synthetic, num_coldstart, seed, cache, text_field, status)   # bad sources raise here
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True); shutil.rmtree(out/_SPOOL, ignore_errors=True)
     spool, split, kept = Spool(out/_SPOOL), SplitTracker(val_fraction), Counter()
     def keep(d): spool.add(d); split.add(d); kept[d.source] += 1
@@ -128,6 +129,7 @@ def prepare(out_dir=None,                    # None: settings.ini data_dir
                 if m['record'] is not None: f.write(json.dumps(dict(m['record'], split=split(m['id']))) + '\n')
     finally:
         spool.close(); shutil.rmtree(out/_SPOOL, ignore_errors=True)
+        if created and not any(out.iterdir()): out.rmdir()     # a bad record file stopped it: leave no empty folder
     table, rejected = _write_filter_report(counts, out)
     lap('total', t0, cpu0)
     m = sh['manifest']

@@ -106,6 +106,11 @@ def test_a_wrong_source_stops_before_any_work(own_corpus, tmp_path):
     with pytest.raises(FileNotFoundError, match='matches no file'):
         prepare(tmp_path / 'x', sources=(str(own_corpus / '*.nothing'),), progress=False)
     assert not (tmp_path / 'x').exists()                                          # nothing was started
+    bad = tmp_path / 'tasks.jsonl'
+    bad.write_text(json.dumps(dict(prompt='p', thought='t', tests=[], text='x')) + '\n{"prompt": "unfinished\n')
+    with pytest.raises(ValueError, match=r'tasks\.jsonl:2: malformed cold-start record'):
+        prepare(tmp_path / 'y', sources=('synthetic', str(bad)), num_synthetic=20, progress=False)  # found while streaming
+    assert not (tmp_path / 'y').exists()                                          # and no empty folder, no spool left behind
     code = f"import sys; sys.modules['datasets'] = None\nfrom fsi_nb.sources import collect_sources\ncollect_sources([{str(own_corpus / 'hf')!r}], text_field='content')"
     r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
     assert r.returncode == 1 and 'needs the `datasets` package, which is not installed. Fix: pip install datasets' in r.stderr
