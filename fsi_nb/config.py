@@ -275,6 +275,7 @@ class Settings:
     log_interval: int = 10
     checkpoint_interval: int = 200
     checkpoint_minutes: float = 30.0
+    tensorboard: bool = False          # python -m fsi_nb.tb --follow mirrors every run's log.jsonl to runs/NAME/tb/ (needs the tensorboard package)
     device: str = 'auto'
     seed: int = 1337
 
