@@ -421,6 +421,7 @@ def export_gguf(run,               # a run folder, a checkpoint file, or a `Load
             v, key = getattr(cfg, f.name), gguf_key(f.name)
             if isinstance(v, bool): w.add_bool(key, v)
             elif isinstance(v, int): w.add_uint32(key, v)
+            elif isinstance(v, str): w.add_string(key, v)
             else: w.add_float64(key, float(v))
         w.add_string(f'{GGUF_ARCH}.fsi_nb.version', fsi_nb.__version__)
         w.add_uint32(f'{GGUF_ARCH}.fsi_nb.step', r.step)
@@ -457,7 +458,8 @@ def _gguf_reader(path):
 def gguf_config(path) -> FSIEdgeConfig:
     "The `FSIEdgeConfig` stored in a GGUF file by `export_gguf`."
     rd = _gguf_reader(path)
-    return FSIEdgeConfig(**{f.name: _field(rd, gguf_key(f.name)) for f in dataclasses.fields(FSIEdgeConfig)})
+    stored = {f.name: _field(rd, gguf_key(f.name)) for f in dataclasses.fields(FSIEdgeConfig)}
+    return FSIEdgeConfig(**{k: v for k, v in stored.items() if v is not None})   # a field newer than the file keeps its default
 
 # %% ../nbs/13_export.ipynb #7cb22c65
 def gguf_tokenizer(path) -> Tokenizer:
