@@ -269,7 +269,7 @@ class Settings:
     runs_dir: Path = Path('runs')
     corpus_sources: tuple = ('stdlib', 'shakespeare', 'synthetic', 'coldstart')
     extra_code: bool = False
-    threads: int = 0                   # 0: all cores
+    threads: int = 0                   # 0: the cores other programs leave free (runs.CPUShare)
     log_interval: int = 10
     checkpoint_interval: int = 200
     checkpoint_minutes: float = 30.0

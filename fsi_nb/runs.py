@@ -4,7 +4,7 @@
 
 # %% ../nbs/08b_runs.ipynb #63fc084d
 from __future__ import annotations
-import ctypes, ctypes.util, json, math, os, socket, subprocess, warnings
+import ctypes, ctypes.util, json, math, os, socket, subprocess, time, warnings
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
@@ -15,9 +15,9 @@ from .sizing import cpu_has_fast_bf16   # one rule for the trainer and the calcu
 from .checkpoint import CheckpointError, write_atomic, disk_error, list_checkpoints
 
 # %% auto #0
-__all__ = ['resolve_device', 'resolve_precision', 'autocast_context', 'tune_cpu_allocator', 'NeedsGPUError', 'RunSpec',
-           'resolve_run', 'RunFolderError', 'check_writable', 'git_commit', 'to_json', 'json_safe', 'write_json',
-           'read_json', 'is_smoke_run', 'truncate_log']
+__all__ = ['resolve_device', 'resolve_precision', 'autocast_context', 'tune_cpu_allocator', 'cpu_busy_seconds', 'threads_for',
+           'CPUShare', 'NeedsGPUError', 'RunSpec', 'resolve_run', 'RunFolderError', 'check_writable', 'git_commit',
+           'to_json', 'json_safe', 'write_json', 'read_json', 'is_smoke_run', 'truncate_log']
 
 # %% ../nbs/08b_runs.ipynb #5f3410a2
 def resolve_device(device:str='auto' # 'auto', 'cpu', 'cuda' or 'cuda:N'
@@ -50,6 +50,60 @@ def tune_cpu_allocator(mmap_threshold:int=32 << 20, # bytes: larger blocks still
     except (OSError, AttributeError): return False   # not glibc (macOS, musl without mallopt): nothing to tune
     M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3       # <malloc.h>
     return mallopt(M_MMAP_THRESHOLD, mmap_threshold) == 1 and mallopt(M_TRIM_THRESHOLD, trim_threshold) == 1
+
+# %% ../nbs/08b_runs.ipynb #7865de2d
+def cpu_busy_seconds(cpus) -> float|None:
+    "CPU seconds the cores in `cpus` have spent busy (anything but idle and I/O wait) since boot; None without /proc/stat."
+    try: lines = Path('/proc/stat').read_text().splitlines()
+    except OSError: return None
+    busy = 0
+    for line in lines:
+        name, *v = line.split()
+        if name[:3] == 'cpu' and name[3:].isdigit() and int(name[3:]) in cpus:
+            v = [int(x) for x in v[:8]]          # user nice system idle iowait irq softirq steal
+            busy += sum(v) - v[3] - v[4]
+    return busy / os.sysconf('SC_CLK_TCK')
+
+def threads_for(others:float,   # cores the rest of the machine kept busy on ours
+                cores:int,      # cores this process may run on
+                most:int,       # the configured ceiling
+               ) -> int:
+    "Threads for what other programs leave free: a core counts as taken from a third of it on; one at least."
+    return max(1, min(most, cores - math.floor(others + 2 / 3)))
+
+# %% ../nbs/08b_runs.ipynb #4f126233
+class CPUShare:
+    "Keeps torch's CPU threads to the cores other programs leave free; `check()` after each training step."
+    def __init__(self, most:int|None=None,   # the ceiling; None: every core this process may run on
+                 every:float=2.0,             # seconds between readings
+                 confirm:int=2):              # readings in a row that must agree before the count changes
+        self.cpus = os.sched_getaffinity(0) if hasattr(os, 'sched_getaffinity') else set(range(os.cpu_count() or 1))
+        self.most, self.every, self.confirm = most or len(self.cpus), every, confirm
+        self.changes, self._pending, self._first = [], [], True
+        torch.set_num_threads(self.most)
+        self._mark()
+
+    def _mark(self): self._t, self._busy, self._own = time.perf_counter(), cpu_busy_seconds(self.cpus), time.process_time()
+
+    def others(self) -> float|None:
+        "Cores the rest of the machine used on ours since the last reading (None off Linux); starts a new reading."
+        t, busy, own = self._t, self._busy, self._own
+        self._mark()
+        if busy is None or self._busy is None or self._t - t <= 0: return None
+        return max(0.0, (self._busy - busy - (self._own - own)) / (self._t - t))
+
+    def check(self) -> int:
+        "The thread count after a reading that is due (cheap otherwise): changed once `confirm` readings agree."
+        if time.perf_counter() - self._t < self.every: return torch.get_num_threads()
+        others = self.others()
+        if others is None: return torch.get_num_threads()
+        want = threads_for(others, len(self.cpus), self.most)
+        self._pending = (self._pending + [want])[-self.confirm:]
+        first, self._first = self._first, False   # the first reading spans the run's setup: long enough to act on at once
+        if want != torch.get_num_threads() and (first or len(self._pending) == self.confirm and len(set(self._pending)) == 1):
+            self.changes.append(dict(others=round(others, 2), threads=want, time=time.time()))
+            torch.set_num_threads(want)
+        return torch.get_num_threads()
 
 # %% ../nbs/08b_runs.ipynb #13d20e5e
 class NeedsGPUError(RuntimeError):
@@ -109,6 +163,9 @@ def resolve_run(preset:str='tiny',      # a name in `fsi_nb.config.PRESETS`
     t = replace(p.train, log_interval=s.log_interval, save_interval=s.checkpoint_interval, save_minutes=s.checkpoint_minutes,
                 seed=s.seed, **(dict(device=s.device) if s.device != 'auto' else {}))
     if smoke: t = replace(t, **_SMOKE)
+    if smoke and overrides.get('max_steps', _SMOKE['max_steps']) != _SMOKE['max_steps']:   # not a long run by accident
+        raise ValueError(f"smoke=True trains {_SMOKE['max_steps']} steps, but max_steps={overrides['max_steps']} is given too. Fix: "
+                         f"leave max_steps unset (None) for a smoke test, or smoke=False for a {overrides['max_steps']}-step run.")
     tover = {k: v for k, v in overrides.items() if k in tnames}
     if isinstance(tover.get('seq_curriculum'), str): tover['seq_curriculum'] = tuple(int(x) for x in tover['seq_curriculum'].split(',') if x.strip())
     mover = {k: v for k, v in overrides.items() if k in mnames}

@@ -18,7 +18,7 @@ from .shards import verify_manifest, manifest_sha256
 from .model import FSIEdgeModel, unwrap
 from .checkpoint import (CheckpointError, checkpoint_path, save_checkpoint, load_checkpoint, latest_valid_checkpoint,
                                list_checkpoints, final_checkpoint, rng_state, set_rng_state, seed_everything)
-from .runs import (RunSpec, NeedsGPUError, resolve_run, autocast_context, tune_cpu_allocator, check_writable, is_smoke_run,
+from .runs import (RunSpec, NeedsGPUError, resolve_run, autocast_context, tune_cpu_allocator, check_writable, is_smoke_run, CPUShare,
                          truncate_log, write_json, json_safe, git_commit, to_json)
 from .objectives import make_objective
 
@@ -264,7 +264,9 @@ def train(preset:str='tiny',          # a name in `fsi_nb.config.PRESETS`
     spec = resolve_run(preset, run_name, smoke=smoke, settings=settings, **overrides)
     run_dir, ckpt_dir, log_path, dev = spec.run_dir, spec.run_dir/'checkpoints', spec.run_dir/'log.jsonl', spec.device
     _guard_run_dir(spec, resume)
-    torch.set_num_threads(spec.settings.threads or os.cpu_count())
+    # threads = 0: as many threads as the cores other programs leave free, re-checked while training (`CPUShare`)
+    share = CPUShare() if dev.type == 'cpu' and not spec.settings.threads else None
+    if share is None: torch.set_num_threads(spec.settings.threads or os.cpu_count())
     if dev.type == 'cpu': tune_cpu_allocator()   # reuse freed memory: no page faults on every step's tensors
     os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')   # forked workers + tokenizer threads deadlock
     if dev.type == 'cuda': torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
@@ -305,7 +307,7 @@ def train(preset:str='tiny',          # a name in `fsi_nb.config.PRESETS`
     write_json(run_dir/'config.json', info)
     write_json(run_dir/'status.json', dict(state='running', pid=os.getpid(), host=info['host'], step=st.step, total_steps=t.max_steps,
                                           stage=t.stage, started=time.time()))
-    loop = _Loop(spec, model, opt, sched, objective, st, info, callback, progress, ckpt_path)
+    loop = _Loop(spec, model, opt, sched, objective, st, info, callback, progress, ckpt_path, share)
     try: loop.run()
     except BaseException as e:   # a full disk, an out-of-memory error, a second Ctrl-C: say so where a watcher looks, then stop
         try: write_json(run_dir/'status.json', dict(state='error', message=f'{type(e).__name__}: {e}', step=st.step,
@@ -317,9 +319,9 @@ def train(preset:str='tiny',          # a name in `fsi_nb.config.PRESETS`
 # %% ../nbs/09_train.ipynb #32f58085
 class _Loop:
     "The training loop of one run; `run()` is the loop, the other methods what it does around each step."
-    def __init__(self, spec, model, opt, sched, objective, st, info, callback, progress, checkpoint):
+    def __init__(self, spec, model, opt, sched, objective, st, info, callback, progress, checkpoint, share=None):
         self.spec, self.t, self.model, self.opt, self.sched, self.objective, self.st = spec, spec.train, model, opt, sched, objective, st
-        self.info, self.callback, self.progress, self.checkpoint = info, callback, progress, checkpoint
+        self.info, self.callback, self.progress, self.checkpoint, self.share = info, callback, progress, checkpoint, share
         self.run_dir, self.dev = spec.run_dir, spec.device
         self.cmodel = torch.compile(model) if self.t.compile else model   # checkpoints save `model`: no `_orig_mod.` keys
         self.timings = dict(total=0.0, data=0.0, log=0.0, checkpoint=0.0, eval=0.0)
@@ -354,6 +356,7 @@ class _Loop:
                 val = self._validate() if st.step % t.eval_interval == 0 or st.step == total else None
                 if (st.step - 1) % t.log_interval == 0 or st.step == total or val: self._log(log, r, lr, now, val)
                 pbar.set_postfix(loss=f'{r.loss:.3f}', refresh=False); pbar.update(1)
+                if self.share: self.share.check()   # fewer threads while another program holds a core
                 if bad_in_row >= t.max_bad_steps: self.stopped = 'nan'; break
                 if val and t.early_stop_patience and st.evals_since_best >= t.early_stop_patience: self.stopped = 'early_stop'; break
                 if st.step % t.save_interval == 0 or now - last_save >= t.save_minutes * 60:
@@ -409,7 +412,7 @@ class _Loop:
         rec = dict(step=st.step - 1, loss=r.loss, avg_loss=st.avg_loss, lr=lr, grad_norm=r.grad_norm,
                    tokens_per_sec=(st.tokens - self.last_log_tokens) / max(now - self.last_log, 1e-9),
                    elapsed_hours=(st.elapsed_seconds + now - self.t_start) / 3600, tokens=st.tokens, seq_len=self._seq_len(),
-                   stage=self.t.stage, bad_steps=st.bad_steps, total_steps=total, time=time.time())
+                   stage=self.t.stage, bad_steps=st.bad_steps, total_steps=total, threads=torch.get_num_threads(), time=time.time())
         rec.update({k: v for k, v in r.metrics.items() if k != 'routing'})
         if val: rec.update(val)
         if self.spec.model.is_moe and r.metrics.get('routing'): rec['routing'] = routing_record(r.metrics['routing'])
