@@ -318,6 +318,7 @@ async def run(self:Dashboard, fn, *args, **kwargs):
     with open(tmp/'output.txt', 'wb') as out:   # its own session: Jupyter's interrupt reaches it once, through here
         proc = subprocess.Popen([sys.executable, '-c', 'from fsi_nb.dashboard import _child; _child()', tmp/'call.pkl', tmp/'result.pkl'],
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    self.say(f'process {proc.pid} trains; this dashboard follows {self.run_dir.name}/log.jsonl')   # shown at once, not after setup
     def on_exit():
         if proc.poll() is None: proc.send_signal(signal.SIGTERM)
     atexit.register(on_exit)

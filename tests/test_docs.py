@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = shutil.which('chromium') or '/usr/bin/chromium'
 
 def test_every_module_has_an_api_page():
     modules = sorted(p.stem for p in (ROOT/'fsi_nb').glob('*.py') if not p.stem.startswith('_'))
@@ -89,23 +88,17 @@ def test_nothing_points_outside_the_site(site):
 
 # ---- in a real browser: requests, and lines that would be cut off
 
-def _browser_missing() -> str:
-    try: import playwright  # noqa: F401
-    except ImportError: return 'the playwright package is missing'
-    return '' if Path(CHROMIUM).exists() else 'no chromium (apt-get install chromium)'
-
 @pytest.fixture(scope='module')
-def browser_page(site):
-    if _browser_missing():
-        if os.environ.get('FSI_NB_REQUIRE_BROWSER'): pytest.fail(f'browser tests required, but {_browser_missing()}')
-        pytest.skip(_browser_missing())
+def browser_page(site, tmp_path_factory):
+    from _chromium import require, launch
+    require()
     from playwright.sync_api import sync_playwright
     server = ThreadingHTTPServer(('127.0.0.1', 0), partial(SimpleHTTPRequestHandler, directory=str(site)))
     server.RequestHandlerClass.log_message = lambda *a: None
     threading.Thread(target=server.serve_forever, daemon=True).start()
     with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=['--no-sandbox'])
-        page = b.new_page(viewport={'width': 1280, 'height': 900})
+        b = launch(pw, tmp_path_factory.mktemp('docs-browser')/'profile', viewport={'width': 1280, 'height': 900})
+        page = b.new_page()
         requests = []
         page.on('request', lambda r: requests.append(r.url))
         yield page, f'http://127.0.0.1:{server.server_address[1]}', requests
