@@ -15,6 +15,8 @@ require(module=True)
 from PIL import Image
 from playwright.sync_api import sync_playwright, expect
 
+pytestmark = pytest.mark.slow   # JupyterLab, chromium and three real runs: about two and a half minutes on two cores
+
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT/'runs'/'ci-artifacts'/'browser'
 
