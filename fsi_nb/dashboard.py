@@ -363,14 +363,15 @@ def lab_copies(names=('sizing', 'train'), # run notebooks to copy
     return out
 
 def main(argv:list=None):
-    "`python -m fsi_nb.dashboard lab [--fresh] [--dest DIR]`: the working copies, and the command that opens them."
+    "`python -m fsi_nb.dashboard lab [NAME ...] [--fresh] [--dest DIR]`: the working copies, and the command that opens them."
     import argparse
     ap = argparse.ArgumentParser(prog='python -m fsi_nb.dashboard', description='Working copies of the run notebooks for JupyterLab.')
     ap.add_argument('command', choices=['lab'])
+    ap.add_argument('names', nargs='*', default=['sizing', 'train'], help='run notebooks to copy (default: sizing train), e.g. eval compare')
     ap.add_argument('--fresh', action='store_true', help='replace copies that exist (their edits are lost)')
     ap.add_argument('--dest', default=None, help='default: <runs_dir>/lab')
     a = ap.parse_args(argv)
-    paths = lab_copies(dest=a.dest, fresh=a.fresh)
+    paths = lab_copies(a.names, dest=a.dest, fresh=a.fresh)
     for p in paths: print(p)
     rel = os.path.relpath(paths[-1])
     print(f"open them with: jupyter lab {paths[-1] if rel.startswith('..') else rel}")
