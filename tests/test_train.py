@@ -14,7 +14,7 @@ ARGS = ['--preset', 'tiny', '--set', 'd_model=32', '--set', 'warmup_steps=2', '-
 def cli(data, runs, name, *extra, env=None, **kw):
     "Command line of a small run; `extra` are more flags."
     return [sys.executable, '-m', 'fsi_nb.train', *ARGS, '--data-dir', str(data), '--runs-dir', str(runs), '--run-name', name,
-            '--max-steps', str(kw.get('steps', STEPS)), *extra]
+            *(['--max-steps', str(kw.get('steps', STEPS))] if kw.get('steps', STEPS) is not None else []), *extra]
 
 def run(cmd, env=None, **kw):
     return subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=300, **kw)
@@ -167,12 +167,14 @@ def test_checkpoints_that_none_verifies_are_refused_and_kept(prepared_data, tmp_
 def test_smoke_test_refuses_to_replace_a_real_run(prepared_data, tmp_path):
     assert run(cli(prepared_data, tmp_path, 'real', steps=3)).returncode == 0
     before = sorted(p.name for p in (tmp_path/'real'/'checkpoints').iterdir())
-    r = run(cli(prepared_data, tmp_path, 'real', '--smoke', steps=3))
+    r = run(cli(prepared_data, tmp_path, 'real', '--smoke', steps=None))
     assert r.returncode == 2 and "holds a real run's checkpoints" in r.stderr and "'tiny-smoke'" in r.stderr, r.stderr
     assert sorted(p.name for p in (tmp_path/'real'/'checkpoints').iterdir()) == before
-    r = run(cli(prepared_data, tmp_path, 'sm', '--smoke', steps=3))           # a smoke run's own folder: starts over
+    r = run(cli(prepared_data, tmp_path, 'sm', '--smoke', steps=None))        # a smoke run's own folder: starts over
     assert r.returncode == 0, r.stderr
-    assert run(cli(prepared_data, tmp_path, 'sm', '--smoke', steps=3)).returncode == 0
+    assert run(cli(prepared_data, tmp_path, 'sm', '--smoke', steps=None)).returncode == 0
+    r = run(cli(prepared_data, tmp_path, 'sm', '--smoke', steps=300))         # not a 300-step run by accident
+    assert r.returncode == 2 and 'max_steps=300' in r.stderr and 'Fix:' in r.stderr, r.stderr
 
 def test_full_disk_when_resuming_keeps_the_log(prepared_data, tmp_path):
     "A resume rewrites the log first (dropping steps it will train again); a write limit there is a clear error."
