@@ -6,7 +6,7 @@ Docs: https://fsi-nb.github.io/fsi_nb/train.html.md"""
 
 # %% ../nbs/09_train.ipynb #e04e4f1a
 from __future__ import annotations
-import argparse, contextlib, json, math, os, shutil, signal, socket, sys, threading, time, warnings
+import argparse, contextlib, gc, json, math, os, shutil, signal, socket, sys, threading, time, warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -349,7 +349,10 @@ def train(preset:str='tiny',          # a name in `fsi_nb.config.PRESETS`
                                                                  total_steps=t.max_steps, ended=time.time()))
         except OSError: pass
         raise
-    return loop.result(skipped)
+    result = loop.result(skipped)
+    if ranks.world > 1:   # free DDP's reducer while the process group lives: freed after it, gloo can deadlock at exit (pytorch#56297)
+        del loop, model; gc.collect()
+    return result
 
 def _objective_spec(spec:RunSpec, ranks:Ranks) -> RunSpec:
     "The run as the objective sees it: one step is `grad_accum x world` micro-batches (SFT and DPO number their records by them)."
@@ -522,7 +525,7 @@ class _Loop:
                        avg_loss=st.avg_loss, tokens=st.tokens, bad_steps=st.bad_steps, timings=self.timings, signum=self.signum,
                        resumed_from=str(self.resumed_from) if self.resumed_from else None, world_size=self.ranks.world))
         return RunResult(self.spec.run_name, self.run_dir, st.step, total, self.stopped, msg, st.loss, st.avg_loss, st.tokens, tps,
-                         st.bad_steps, self.checkpoint, self.resumed_from, skipped, self.timings, self.signum, st.evals, st.best, self.model)
+                         st.bad_steps, self.checkpoint, self.resumed_from, skipped, self.timings, self.signum, st.evals, st.best, unwrap(self.model))
 
 # %% ../nbs/09_train.ipynb #9538ce87
 _EXIT = dict(finished=0, budget=0, early_stop=0, nan=3)
