@@ -368,8 +368,13 @@ def _train_under_torchrun(preset, run_name, resume, smoke, callback, progress, s
     literal = lambda v: repr(str(v) if isinstance(v, Path) else v)                      # `main` reads --set values with literal_eval
     argv = ['--preset', preset, '--run-name', spec.run_name, '--no-progress', *(['--smoke'] * smoke), *(['--no-resume'] * (not resume)),
             *(a for k, v in overrides.items() if v is not None for a in ('--set', f'{k}={literal(v)}'))]
+    bar = tqdm(total=spec.train.max_steps, desc=spec.run_name, disable=not progress, dynamic_ncols=True, file=sys.stderr)
+    def follow(rec):   # rank 0's records: the bar here, then the caller's callback
+        bar.total, bar.n = rec.get('total_steps') or bar.total, rec['step'] + 1; bar.refresh()
+        if callback is not None: callback(rec)
     started = time.time()
-    code = launch(argv, nproc, spec.run_dir, callback=callback)
+    try: code = launch(argv, nproc, spec.run_dir, callback=follow)
+    finally: bar.close()
     s = read_json(spec.run_dir/'status.json') or {}
     if s.get('ended', 0) < started or s.get('state') in (None, 'running', 'error'):
         raise LaunchError(f"torchrun ended (exit status {code}) without the run saying how it ended" +
@@ -574,6 +579,8 @@ def main(argv=None) -> int:
     err = lambda e: print(f"error{f' (rank {ranks.rank})' if ranks.world > 1 else ''}: {e}", file=sys.stderr)
     try:
         if stages:   # a chain of runs, one per stage: fsi_nb.stages
+            if ranks.world > 1: raise ValueError("--stages under torchrun: every rank would run the pipeline's bookkeeping. Fix: "
+                                                 "python -m fsi_nb.train --stages ... --nproc N (each stage its own torchrun job).")
             from fsi_nb.stages import run_pipeline
             res = run_pipeline(stages, a.preset, a.run_name, smoke=a.smoke, progress=not a.no_progress, nproc=a.nproc, **over)
             if ranks.main: print(res.table.to_string(index=False))
