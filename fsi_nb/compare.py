@@ -19,7 +19,7 @@ from .sizing import count_params, flops_per_token
 from .dashboard import read_log, read_json
 
 # %% auto #0
-__all__ = ['run_config', 'run_curves', 'compare_table', 'plot_comparison']
+__all__ = ['run_config', 'run_curves', 'eval_columns', 'compare_table', 'plot_comparison']
 
 # %% ../nbs/11b_compare.ipynb #54831580
 def run_config(run) -> tuple[FSIEdgeConfig, dict]:
@@ -48,7 +48,18 @@ def run_curves(runs:list) -> pd.DataFrame:
                                         val_loss=df.get('val_loss'))))
     return pd.concat(frames, ignore_index=True)
 
-# %% ../nbs/11b_compare.ipynb #ef77f187
+# %% ../nbs/11b_compare.ipynb #ee6f9a90
+def eval_columns(ev:dict) -> dict:
+    "The headline numbers of an `eval.json` (`fsi_nb.evaluate.write_report`) as flat columns."
+    cols = {'eval_step': ev.get('step')} if ev else {}
+    if val := ev.get('val'): cols |= {'eval_val_loss': val.get('loss'), 'eval_perplexity': val.get('perplexity')}
+    for c in ev.get('categories') or []:
+        cols |= {f"{c['category']}_loss": c.get('loss'), f"{c['category']}_bits_per_byte": c.get('bits_per_byte')}
+    if fim := ev.get('fim'): cols['fim_exact_match'] = fim.get('exact_match')
+    if he := ev.get('humaneval'): cols |= {f'humaneval_{k}': v for k, v in (he.get('pass_at') or {}).items()}
+    return cols
+
+# %% ../nbs/11b_compare.ipynb #a7d36432
 def compare_table(runs:list, curves:pd.DataFrame|None=None) -> pd.DataFrame:
     "One row per run: architecture, size, training done, final and best losses, and any `eval.json` results."
     curves = run_curves(runs) if curves is None else curves
@@ -64,11 +75,10 @@ def compare_table(runs:list, curves:pd.DataFrame|None=None) -> pd.DataFrame:
                    train_flops=float(c['flops'].max()), hours=float(c['hours'].max()),
                    final_loss=float(c['loss'].iloc[-1]), final_val_loss=float(val.iloc[-1]) if len(val) else None,
                    best_val_loss=float(val.min()) if len(val) else None)
-        ev = read_json(run/'eval.json') or {}
-        rows.append(row | {k: v for k, v in ev.items() if isinstance(v, (int, float, str)) and k not in row})
+        rows.append(row | eval_columns(read_json(run/'eval.json') or {}))
     return pd.DataFrame(rows).set_index('run')
 
-# %% ../nbs/11b_compare.ipynb #714f4ce4
+# %% ../nbs/11b_compare.ipynb #64ad1129
 def plot_comparison(curves:pd.DataFrame, # `run_curves`
                     smooth:int=10,       # rolling mean over this many logged steps
                     title:str='') -> Figure:

@@ -247,7 +247,7 @@ PRESET_STAGES = {
         'stage1b': dict(max_steps=200),
         'stage2': dict(lr=3e-3, epochs=6.0, tasks='coldstart+arith', eval_interval=200),
         'stage2b': dict(lr=1e-3, epochs=2.0, tasks='coldstart+arith', eval_interval=200),
-        'stage3': dict(lr=1e-4, max_steps=40, tasks='coldstart+arith', max_new_tokens=64, num_prompts=32, eval_interval=10),
+        'stage3': dict(lr=3e-4, max_steps=40, tasks='coldstart+arith', max_new_tokens=88, num_prompts=32, eval_interval=10),
         'stage3b': dict(lr=1e-4, max_steps=60, batch_size=8, tasks='arith', max_new_tokens=48, num_prompts=48, eval_interval=20),
         'stage4': dict(lr=1e-5, epochs=3.0, batch_size=8, tasks='arith', max_new_tokens=48, num_prompts=128, eval_interval=20),
         'stage5': dict(max_steps=300, eval_interval=100),
@@ -278,6 +278,7 @@ class Settings:
     log_interval: int = 10
     checkpoint_interval: int = 200
     checkpoint_minutes: float = 30.0
+    tensorboard: bool = False          # python -m fsi_nb.tb --follow mirrors every run's log.jsonl to runs/NAME/tb/ (needs the tensorboard package)
     device: str = 'auto'
     seed: int = 1337
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pandas as pd
 from .config import load_settings
 from .tokenizer import train_tokenizer
-from .sources import DEFAULT_SOURCES, collect_sources, load_coldstart
-from .filters import filter_documents, filter_table
-from .shards import manifest_path, manifest_sha256, split_documents, verify_manifest, write_shards
+from .sources import DEFAULT_SOURCES, iter_sources, load_coldstart
+from .shards import manifest_path, manifest_sha256, verify_manifest
+from .stream import FilterCounts, SplitTracker, Spool, stream_filter, stream_shards, tokenizer_sample
 
 # %% auto #0
 __all__ = ['log', 'NoDocumentsError', 'prepare', 'ensure_prepared', 'load_records']
@@ -27,19 +27,20 @@ class NoDocumentsError(ValueError):
 
 # %% ../nbs/03d_data.ipynb #5af9e7fe
 _OUTPUTS = ('shards', 'tokenizer', 'manifest.json', 'cold_start.jsonl', 'filter_report.json', 'filter_report.csv', 'rejected.csv')
+_SPOOL = '.prepare-spool'   # kept documents between the passes; deleted when prepare ends
 
 def _peak_rss_mb() -> float:
-    "Peak resident memory of this process plus its largest finished child, in MB."
+    "Peak resident memory of this process plus its largest finished child (a worker), in MB."
     return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
 
 def _cpu_seconds() -> float:
     return sum(getattr(resource.getrusage(w), a) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN) for a in ('ru_utime', 'ru_stime'))
 
-def _write_filter_report(rows:list[dict], out:Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _write_filter_report(counts:FilterCounts, out:Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     "`out/filter_report.csv` (docs and bytes through each stage) and `out/rejected.csv` (each rejected document and why)."
-    table = filter_table(rows)
+    table = counts.table()
     table.to_csv(out/'filter_report.csv', index=False)
-    rejected = pd.DataFrame([r for r in rows if r['stage']]).reindex(columns=['id', 'source', 'lang', 'stage', 'reason', 'nbytes'])
+    rejected = pd.DataFrame(counts.rejected).reindex(columns=['id', 'source', 'lang', 'stage', 'reason', 'nbytes'])
     rejected.to_csv(out/'rejected.csv', index=False)
     return table, rejected
 
@@ -56,19 +57,21 @@ def _top_reasons(rows:list[dict], k:int=5) -> str:
     return '; '.join(f"{n} × {st}: {short(first[st, g][0])}" + (' (and the like)' if len(first[st, g]) > 1 else '')
                      for (st, g), n in groups.most_common(k))
 
-def _no_documents_message(rows:list[dict], status:dict, out:Path) -> str:
+def _no_documents_message(counts:FilterCounts, status:dict, out:Path) -> str:
     srcs = ', '.join(f"{name}: {st['candidates']}" + (f" (skipped: {st['reason']})" if st['reason'] else '') for name, st in status.items())
     fix = (f"Fix: check the sources (candidates per source: {srcs}); {out/'rejected.csv'} lists every rejected document "
            f"with its full reason, {out/'filter_report.csv'} the documents in and out of each stage.")
-    if not rows: return f"no document survived the filters: the sources gave no candidate documents. {fix}"
-    return f"no document survived the filters: all {len(rows)} candidates were rejected. Top reasons: {_top_reasons(rows)}. {fix}"
+    if not counts.n: return f"no document survived the filters: the sources gave no candidate documents. {fix}"
+    return f"no document survived the filters: all {counts.n} candidates were rejected. Top reasons: {_top_reasons(counts.rejected)}. {fix}"
 
 # %% ../nbs/03d_data.ipynb #a03d0003
+_STREAM_DEFAULTS = dict(text_field='text', tokenizer_sample_mb=256)   # recorded in the manifest only when changed, so a default corpus keeps its manifest hash
+
 def prepare(out_dir=None,                    # None: settings.ini data_dir
-            sources=DEFAULT_SOURCES,         # names (stdlib, shakespeare, pydocs, synthetic, coldstart) and/or folder or .jsonl paths
+            sources=DEFAULT_SOURCES,         # names (stdlib, shakespeare, pydocs, synthetic, coldstart) and/or folder, .jsonl, .parquet, saved-dataset paths or glob patterns
             max_files:int|None=None,         # at most this many files per file source (evenly spaced); None: all
             vocab_size:int=32768,            # BPE may end smaller on a small corpus
-            workers:int|None=None,           # filter processes; None: all cores
+            workers:int|None=None,           # filter and tokenizer processes; None: all cores, 1: in this process
             seed:int=1337,
             extra_code:bool=False,           # also C headers and Perl modules from this machine
             num_synthetic:int=20_000,        # synthetic code files
@@ -80,8 +83,11 @@ def prepare(out_dir=None,                    # None: settings.ini data_dir
             cache=None,                      # download cache (Shakespeare); None: ~/.cache/fsi_nb
             progress:bool=True,
             overwrite:bool=False,            # replace a corpus already prepared in out_dir (runs trained on it lose it)
+            text_field:str='text',           # the field (JSONL) or column (Parquet, saved dataset) that holds a record's text
+            max_buffer_mb:int=256,           # documents in flight between this process and the workers, at most about this much
+            tokenizer_sample_mb:float=256,   # the tokenizer learns from at most about this much training text (a sample by id hash beyond it)
            ) -> dict:
-    "Sources -> filters -> split -> BPE tokenizer -> uint16 shards + manifest, cold_start.jsonl and the filter report in `out_dir`."
+    "Sources -> filters -> split -> BPE tokenizer -> uint16 shards + manifest, cold_start.jsonl and the filter report in `out_dir`, streaming with bounded memory."
     t0, cpu0, secs, cpu = time.time(), _cpu_seconds(), {}, {}
     def lap(name, t, c): secs[name], cpu[name] = time.time() - t, _cpu_seconds() - c
     out = Path(out_dir) if out_dir is not None else load_settings().data_dir
@@ -93,36 +99,48 @@ def prepare(out_dir=None,                    # None: settings.ini data_dir
     params = dict(sources=[str(s) for s in sources], max_files=max_files, vocab_size=vocab_size, seed=seed, extra_code=extra_code,
                   num_synthetic=num_synthetic, num_coldstart=num_coldstart, val_fraction=val_fraction, max_file_bytes=max_file_bytes,
                   near_dup_threshold=near_dup_threshold, shard_tokens=shard_tokens)
-    cands, status = collect_sources(sources, max_files, extra_code, num_synthetic, num_coldstart, seed, cache)
-    lap('sources', t0, cpu0)
-    t, c = time.time(), _cpu_seconds(); kept, rows = filter_documents(cands, workers, max_file_bytes, near_dup_threshold, progress); lap('filter', t, c)
-    if not kept:                                   # the report the message points at; a corpus already in out stays as it was
-        out.mkdir(parents=True, exist_ok=True); _write_filter_report(rows, out)
-        raise NoDocumentsError(_no_documents_message(rows, status, out))
-    for name, st in status.items(): st['kept'] = sum(k.source == name for k in kept)
-    split = split_documents(kept, val_fraction)
-    out.mkdir(parents=True, exist_ok=True)
-    for name in _OUTPUTS:                              # only what prepare itself writes
-        p = out/name
-        if p.is_dir(): shutil.rmtree(p)
-        elif p.exists(): p.unlink()
-    t, c = time.time(), _cpu_seconds(); train_tokenizer((d.text for d in kept if split[d.id] == 'train'), out/'tokenizer', vocab_size); lap('tokenizer', t, c)
-    t, c = time.time(), _cpu_seconds(); sh = write_shards(kept, split, out/'tokenizer', out, shard_tokens, progress, params); lap('shards', t, c)
-    if sh['round_trip_failures']: raise RuntimeError(f"{len(sh['round_trip_failures'])} documents do not round-trip through the tokenizer, e.g. {sh['round_trip_failures'][:3]}.")
-    with open(out/'cold_start.jsonl', 'w') as f:
-        for d in kept:
-            if d.record is not None: f.write(json.dumps(dict(d.record, split=split[d.id])) + '\n')
-    table, rejected = _write_filter_report(rows, out)
+    params |= {k: v for k, v in dict(text_field=text_field, tokenizer_sample_mb=tokenizer_sample_mb).items() if v != _STREAM_DEFAULTS[k]}
+    status = {}
+    cands = iter_sources(sources, max_files, extra_code, num_synthetic, num_coldstart, seed, cache, text_field, status)   # bad sources raise here
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True); shutil.rmtree(out/_SPOOL, ignore_errors=True)
+    spool, split, kept = Spool(out/_SPOOL), SplitTracker(val_fraction), Counter()
+    def keep(d): spool.add(d); split.add(d); kept[d.source] += 1
+    try:
+        counts = stream_filter(cands, keep, workers, max_file_bytes, near_dup_threshold, max_buffer_mb, progress)
+        spool.close(); lap('filter', t0, cpu0)        # reading the sources is part of it: they stream into the filters
+        if not spool.n:                                # the report the message points at; a corpus already in out stays as it was
+            _write_filter_report(counts, out)
+            raise NoDocumentsError(_no_documents_message(counts, status, out))
+        for name, st in status.items(): st['kept'] = kept[name]
+        for name in _OUTPUTS:                          # only what prepare itself writes
+            p = out/name
+            if p.is_dir(): shutil.rmtree(p)
+            elif p.exists(): p.unlink()
+        t, c = time.time(), _cpu_seconds()
+        pick, sample = tokenizer_sample(spool, split, tokenizer_sample_mb)
+        train_tokenizer((d.text for d in spool.docs(pick)), out/'tokenizer', vocab_size); lap('tokenizer', t, c)
+        t, c = time.time(), _cpu_seconds(); sh = stream_shards(spool, split, out/'tokenizer', out, shard_tokens, workers, max_buffer_mb, progress, params); lap('shards', t, c)
+        if sh['round_trip_failures']: raise RuntimeError(f"{len(sh['round_trip_failures'])} documents do not round-trip through the tokenizer, e.g. {sh['round_trip_failures'][:3]}.")
+        n_docs = Counter()
+        with open(out/'cold_start.jsonl', 'w') as f:
+            for m in spool.meta():
+                n_docs[split(m['id'])] += 1
+                if m['record'] is not None: f.write(json.dumps(dict(m['record'], split=split(m['id']))) + '\n')
+    finally:
+        spool.close(); shutil.rmtree(out/_SPOOL, ignore_errors=True)
+        if created and not any(out.iterdir()): out.rmdir()     # a bad record file stopped it: leave no empty folder
+    table, rejected = _write_filter_report(counts, out)
     lap('total', t0, cpu0)
     m = sh['manifest']
     report = dict(out_dir=str(out), params=params, sources=status, seconds={k: round(v, 2) for k, v in secs.items()},
                   cpu_seconds={k: round(v, 2) for k, v in cpu.items()}, peak_rss_mb=round(_peak_rss_mb()),   # cpu: all cores, workers included
                   stages=table.to_dict('records'), rejected=rejected.to_dict('records'),
-                  tokenizer=dict(vocab_size=m['vocab_size'], sha256=m['tokenizer_sha256'], round_trip='exact on all kept documents',
-                                 encode_mb_per_s=round(sum(sh['bytes'].values()) / 1e6 / max(sh['seconds'], 1e-9), 2),   # wall, all cores
+                  tokenizer=dict(vocab_size=m['vocab_size'], sha256=m['tokenizer_sha256'], round_trip='exact on all kept documents', sample=sample,
+                                 encode_mb_per_s=round(sum(sh['bytes'].values()) / 1e6 / max(sh['seconds'], 1e-9), 2),   # wall, all workers
                                  encode_mb_per_cpu_s=round(sum(sh['bytes'].values()) / 1e6 / max(sh['cpu_seconds'], 1e-9), 2),
                                  tokens_per_byte={k: round(sh['tokens'][k] / sh['bytes'][k], 4) for k in sh['bytes']}),
-                  tokens=m['tokens'], n_shards=len(m['shards']), n_docs=dict(train=sum(v == 'train' for v in split.values()), val=sum(v == 'val' for v in split.values())),
+                  tokens=m['tokens'], n_shards=len(m['shards']), n_docs=dict(train=n_docs['train'], val=n_docs['val']),
                   manifest_sha256=manifest_sha256(out))
     (out/'filter_report.json').write_text(json.dumps(report, indent=1, default=str) + '\n')
     return report

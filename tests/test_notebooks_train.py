@@ -38,11 +38,24 @@ def test_train_then_eval_tiny(prepared_data, tmp_path):
     assert recs[-1]['step'] == 7 and abs(recs[0]['loss'] - math.log(32768)) < 0.1
     assert (tmp_path/'pm'/'training.png').exists() and (tmp_path/'pm'/'checkpoints'/'step_0000008.pt').exists()
 
-    out = tmp_path/'eval-tiny.ipynb'
-    r = papermill('eval.ipynb', out, ('run_name', 'pm'), ('runs_dir', tmp_path), ('val_batches', 2), ('max_new_tokens', 8))
+    out = tmp_path/'eval-tiny.ipynb'   # the whole battery with small parameters: a few HumanEval problems, n=2, a few FIM lines
+    r = papermill('eval.ipynb', out, ('run_name', 'pm'), ('runs_dir', tmp_path), ('val_batches', 2), ('max_new_tokens', 8),
+                  ('category_tokens', 2048), ('fim_lines', 8), ('humaneval_problems', 3), ('humaneval_samples', 2),
+                  ('humaneval_max_new_tokens', 24), ('sandbox_workers', 2), ('threads', 1))
     assert r.returncode == 0, r.stderr[-3000:]
     text, pngs, _ = outputs(out)
-    assert pngs >= 1 and 'validation_loss' in text and 'step_0000008.pt' in text and 'def fibonacci(n):' in text
+    assert pngs >= 2 and 'validation_loss' in text and 'step_0000008.pt' in text and 'def fibonacci(n):' in text
+    assert 'bits_per_byte' in text and 'harness: 3/3 canonical solutions pass, 3/3 empty bodies fail' in text
+    report = (tmp_path/'pm'/'report.md').read_text()
+    for section in ['## Config', '## Sizing: estimate against measured', '## Loss curves', "## The seeds' loss gates",
+                    '## Held-out loss per data category', '## Fill-in-the-middle', '## HumanEval', '## Routing health', '## Samples']:
+        assert section in report, section
+    for row in ['| code |', '| all |', 'of 8 held-out code lines', '| pass@1 | pass@2 |', 'Harness check: 3/3']: assert row in report, row
+    for png in ('report_training.png', 'report_categories.png'): assert (tmp_path/'pm'/png).read_bytes()[:4] == b'\x89PNG'
+    ev = json.loads((tmp_path/'pm'/'eval.json').read_text())
+    assert ev['step'] == 8 and ev['fim']['n'] == 8 and ev['humaneval']['harness']['canonical_passed'] == 3
+    assert set(ev['humaneval']['pass_at']) == {'pass@1', 'pass@2'} and sum(ev['humaneval']['outcomes'].values()) == 6
+    assert {c['category'] for c in ev['categories']} >= {'code', 'all'}
 
 def test_gpu_preset_without_gpu_stops_in_the_first_cell(tmp_path):
     out = tmp_path/'h100.ipynb'
