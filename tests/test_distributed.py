@@ -155,6 +155,7 @@ def test_fsdp2_moe_matches_one_process_agrees_on_nan_signal_and_bias_then_resume
     assert ref.returncode == 0, ref_err[-3000:]
     st = json.loads((run/'status.json').read_text())
     assert st['state'] == 'signal' and st['signum'] == signal.SIGTERM, (st, out[-3000:])   # rank 0 stopped with it, and says why
+    assert "copies of ['" not in out, out[-3000:]   # check_replicas found the router biases equal on both ranks at every save
     stopped_at, one = st['step'], records(tmp_path/'one')
     assert 5 <= stopped_at < STEPS and list_checkpoints(run/'checkpoints')[-1] == checkpoint_path(run/'checkpoints', stopped_at)
     two = records(run)
@@ -182,6 +183,34 @@ def test_fsdp2_moe_matches_one_process_agrees_on_nan_signal_and_bias_then_resume
     ck = load_checkpoint(checkpoint_path(run/'checkpoints', stopped_at))
     assert ck['world_size'] == 2 and ck['model']['lm_head.weight'] is ck['model']['tok_embeddings.weight']   # tied, as one process saves
     assert list(ck['optimizer']['state']) == list(load_checkpoint(checkpoint_path(tmp_path/'one'/'checkpoints', STEPS))['optimizer']['state'])
+
+
+def test_activation_checkpointing_same_loss_and_gradients(prepared_data):
+    """One fp32 step of a tiny MoE model (with dropout) on real windows, with `'moe'` and `'all'` against without: the same
+    loss, every parameter's gradient and the experts' counts (tolerance 1e-6; bit for bit on this CPU)."""
+    from dataclasses import replace
+    from fsi_nb.batches import Batcher
+    from fsi_nb.config import get_preset
+    from fsi_nb.distributed import activation_checkpointing
+    from fsi_nb.model import FSIEdgeModel
+    from fsi_nb.moe import MoEFFN
+    cfg = replace(get_preset('tiny').model, d_model=32, n_routed=4, n_shared=1, top_k=2, expert_d_ff=32, dropout=0.1)
+    batch = Batcher(prepared_data, seed=0, max_steps=1, verify=False).get_batch(0, 0, 2, 32)
+    def step(mode):
+        torch.manual_seed(0); m = FSIEdgeModel(cfg).train()
+        wrapped = activation_checkpointing(m, mode)
+        torch.manual_seed(1); loss = m(**batch, return_logits=False).loss; loss.backward()
+        load = torch.cat([b.ffn.expert_load for b in m.layers if isinstance(b.ffn, MoEFFN)])
+        return loss.detach(), {n: p.grad for n, p in m.named_parameters()}, load, len(wrapped)
+    n = torch.get_num_threads(); torch.set_num_threads(1)
+    try: (loss0, grads0, load0, _), runs = step('none'), {mode: step(mode) for mode in ('moe', 'all')}
+    finally: torch.set_num_threads(n)
+    assert load0.sum() > 0 and all(g is not None for g in grads0.values())
+    for mode, (loss, grads, load, wrapped) in runs.items():
+        assert wrapped == cfg.n_layers, mode
+        torch.testing.assert_close(loss, loss0, rtol=1e-6, atol=0)
+        for k in grads0: torch.testing.assert_close(grads[k], grads0[k], rtol=1e-6, atol=1e-9, msg=f'{mode}: {k}')
+        assert torch.equal(load, load0), mode                      # counted once, not again in the recomputation
 
 
 def test_activation_checkpointing_trains_the_same(prepared_data, tmp_path):
