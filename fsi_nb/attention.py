@@ -128,11 +128,16 @@ class HybridAttention(nn.Module):
         self.kv_range = {n: (lo // rep, -(-hi // rep)) if hi > lo else (0, 0) for n, (lo, hi) in self.head_range.items()}
 
     def _qkv(self, x, cos, sin):
+        "q (B, n_heads, T, D), k and v (B, kv_heads, T, D): one matmul, one RMSNorm for q and k, one RoPE."
         B, T, _ = x.shape
-        q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
-        return apply_rope(self.q_norm(q), cos, sin), apply_rope(self.k_norm(k), cos, sin), v
+        H, KV, D = self.n_heads, self.kv_heads, self.head_dim
+        # wq, wk and wv stay three parameters (the checkpoint's keys); their rows side by side make one matmul
+        qkv = F.linear(x, torch.cat([self.wq.weight, self.wk.weight, self.wv.weight])).view(B, T, H + 2 * KV, D)
+        # q's and k's QK-Norm as one: the shared normalisation (RMSNorm's own math, fp32), then each head's gain
+        gain = torch.cat([self.q_norm.weight.expand(H, D), self.k_norm.weight.expand(KV, D)])
+        qk = (F.rms_norm(qkv[:, :, :H + KV].float(), (D,), None, self.q_norm.eps) * gain.float())
+        qk = apply_rope(qk.to(torch.promote_types(qkv.dtype, gain.dtype)).transpose(1, 2), cos, sin)  # (B, H+KV, T, D)
+        return qk[:, :H], qk[:, H:], qkv[:, :, H + KV:].transpose(1, 2)
 
     def _kind(self, q, k, v, name):
         lo, hi = self.head_range[name]
