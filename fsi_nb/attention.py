@@ -139,6 +139,11 @@ class HybridAttention(nn.Module):
         qk = apply_rope(qk.to(torch.promote_types(qkv.dtype, gain.dtype)).transpose(1, 2), cos, sin)  # (B, H+KV, T, D)
         return qk[:, :H], qk[:, H:], qkv[:, :, H + KV:].transpose(1, 2)
 
+    def _all_heads(self, x): # (B, kv_heads, T, D) -> (B, n_heads, T, D)
+        "The keys or values each query head reads (query head h: kv head h // (n_heads // kv_heads)), one copy."
+        B, KV, T, D = x.shape
+        return x[:, :, None].expand(B, KV, self.n_heads // KV, T, D).reshape(B, self.n_heads, T, D)
+
     def _kind(self, q, k, v, name):
         lo, hi = self.head_range[name]
         return q[:, lo:hi], expand_kv(k, lo, hi, self.n_heads), expand_kv(v, lo, hi, self.n_heads)
@@ -152,13 +157,15 @@ class HybridAttention(nn.Module):
         B, T, _ = x.shape
         q, k, v = self._qkv(x, *rope)
         if state is not None: self._fill_state(k, v, depth, anchor, state)
+        # every query head's kv head in one expand (GQA), then each of q, k, v cut into the kinds by one split: its
+        # backward is one cat, where a slice per kind costs a zero-filled copy and an add each
+        sizes = [hi - lo for lo, hi in self.head_range.values()]
+        (ql, qs, qg), (kl, ks, kg), (vl, vs, vg) = (x.split(sizes, 1) for x in (q, self._all_heads(k), self._all_heads(v)))
         out = []
-        if self.local_heads: out.append(local_attention(*self._kind(q, k, v, 'local'), self.window_size))
-        if self.struct_heads:
-            out.append(struct_attention(*self._kind(q, k, v, 'struct'), depth, anchor, self.struct_bias, self.struct_lines))
+        if self.local_heads: out.append(local_attention(ql, kl, vl, self.window_size))
+        if self.struct_heads: out.append(struct_attention(qs, ks, vs, depth, anchor, self.struct_bias, self.struct_lines))
         if self.global_heads:
-            g = self._kind(q, k, v, 'glob')
-            out.append(helix_attention(*g, self.window_size) if state is None else state.helix.prefill(*g))
+            out.append(helix_attention(qg, kg, vg, self.window_size) if state is None else state.helix.prefill(qg, kg, vg))
         return self.wo(torch.cat(out, 1).transpose(1, 2).reshape(B, T, -1))
 
     def _fill_state(self, k, v, depth, anchor, state):

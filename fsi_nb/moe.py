@@ -189,7 +189,7 @@ class MoEFFN(nn.Module):
 
         aux = dict(z_loss=torch.logsumexp(logits, dim=-1).square().mean(), orthogonality=overlap)
         self._count_load(counts)
-        return y.to(x.dtype).view(shape), aux, self._routing_stats(counts, aux['orthogonality'])
+        return y.to(x.dtype).view(shape), aux, self._routing_stats(counts, aux['orthogonality'], n * k)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # checkpoints from before W1|W3 were stored side by side: (n, d, f) halves, shared experts stacked (n, ., .)
@@ -209,10 +209,11 @@ class MoEFFN(nn.Module):
             self.expert_load.add_(counts.float())
 
     @torch.no_grad()
-    def _routing_stats(self, counts, overlap):
-        load = counts.float() / counts.sum().clamp_min(1)
+    def _routing_stats(self, counts, overlap, pairs:int): # pairs: counts.sum(), known on the host (tokens * top_k)
+        load = counts / max(pairs, 1)   # the same float division as counts.float() / counts.sum(), two operators fewer
+        min_load, max_load = torch.aminmax(load)
         entropy = -torch.special.xlogy(load, load).sum() / math.log(self.n_routed) if self.n_routed > 1 else load.sum()
-        return dict(load=load, entropy=entropy, max_load=load.max(), min_load=load.min(), dead_experts=(counts == 0).sum(),
+        return dict(load=load, entropy=entropy, max_load=max_load, min_load=min_load, dead_experts=(counts == 0).sum(),
                     bias_abs_mean=self.router_bias.abs().mean(), population_overlap=overlap.detach())
 
     @torch.no_grad()
