@@ -12,7 +12,8 @@ from .layers import RMSNorm, apply_rope, rope_cache, expand_kv, masked_attention
 from .helix import helix_attention, HelixCache
 
 # %% auto #0
-__all__ = ['local_attention', 'byte_structure_tables', 'token_structure', 'struct_attention', 'AttentionState', 'HybridAttention']
+__all__ = ['local_attention', 'byte_structure_tables', 'token_structure', 'anchor_keys', 'struct_attention', 'AttentionState',
+           'HybridAttention']
 
 # %% ../nbs/06_attention.ipynb #04eafd65
 def _band_mask(n_q, n_k, offset, window_size, device):
@@ -69,23 +70,33 @@ def _last_anchors(anchor, # (B, T) bool
     number = count[..., None] - S + torch.arange(S, device=anchor.device)   # (B, ..., S) anchor numbers to read
     return order.gather(1, number.clamp(min=0).reshape(B, -1)), number >= 0
 
-def struct_attention(q, k, v, # (B, H, T, D), RoPE'd and QK-normed, GQA already expanded
-                     depth, anchor, # (B, T) float depth and bool anchor flags from `token_structure`
-                     depth_weight, # (H,) learned a_h: the penalty per unit of depth distance is softplus(a_h)
-                     struct_lines:int) -> torch.Tensor:
-    "Each query attends to itself and its last `struct_lines` anchors, with a depth-distance penalty."
-    B, H, T, D = q.shape
+def anchor_keys(depth, anchor, # (B, T) float depth and bool anchor flags from `token_structure`
+                struct_lines:int) -> tuple:
+    "`(key_pos, dist, invalid)`: each query's last `struct_lines` anchors (B, T*S), their depth distance and which are missing (B, T, S)."
+    B, T = anchor.shape
     S = struct_lines
     n_before = anchor.long().cumsum(1) - anchor.long()                       # anchors strictly before t
     key_pos, valid = _last_anchors(anchor, n_before, S)                     # (B, T*S), (B, T, S)
+    dist = (depth[..., None] - depth.gather(1, key_pos).view(B, T, S)).abs()
+    return key_pos, dist, ~valid
+
+def struct_attention(q, k, v, # (B, H, T, D), RoPE'd and QK-normed, GQA already expanded
+                     depth, anchor, # (B, T) float depth and bool anchor flags from `token_structure`
+                     depth_weight, # (H,) learned a_h: the penalty per unit of depth distance is softplus(a_h)
+                     struct_lines:int,
+                     anchors:tuple|None=None, # `anchor_keys(depth, anchor, struct_lines)`, shared by every layer; None: made here
+                    ) -> torch.Tensor:
+    "Each query attends to itself and its last `struct_lines` anchors, with a depth-distance penalty."
+    B, H, T, D = q.shape
+    S = struct_lines
+    key_pos, dist, invalid = anchor_keys(depth, anchor, S) if anchors is None else anchors
     idx = key_pos[:, None, :, None].expand(B, H, T * S, D)
     ka, va = k.gather(2, idx).view(B, H, T, S, D), v.gather(2, idx).view(B, H, T, S, D)
     scale = 1 / math.sqrt(D)
     s_self = (q * k).sum(-1, keepdim=True) * scale                           # (B, H, T, 1)
     s_anchor = (ka @ q[..., None]).squeeze(-1) * scale                       # (B, H, T, S)
-    dist = (depth[..., None] - depth.gather(1, key_pos).view(B, T, S)).abs()
     s_anchor = s_anchor - F.softplus(depth_weight).view(1, H, 1, 1) * dist[:, None]
-    s_anchor = s_anchor.masked_fill(~valid[:, None], float('-inf'))
+    s_anchor = s_anchor.masked_fill(invalid[:, None], float('-inf'))
     p = torch.cat([s_self, s_anchor], -1).float().softmax(-1).to(v.dtype)
     return p[..., :1] * v + (p[..., None, 1:] @ va).squeeze(-2)
 
@@ -152,6 +163,7 @@ class HybridAttention(nn.Module):
                 depth, anchor, # (B, T) from `token_structure`
                 rope, # (cos, sin), each (T, head_dim/2)
                 state:AttentionState|None=None, # a fresh state to leave the sequence's generation state in (prefill)
+                anchors:tuple|None=None, # `anchor_keys(depth, anchor, struct_lines)`: the model makes it once for all layers
                ) -> torch.Tensor:
         "The parallel (training) form; with `state`, also a prompt prefill for generation."
         B, T, _ = x.shape
@@ -163,7 +175,7 @@ class HybridAttention(nn.Module):
         (ql, qs, qg), (kl, ks, kg), (vl, vs, vg) = (x.split(sizes, 1) for x in (q, self._all_heads(k), self._all_heads(v)))
         out = []
         if self.local_heads: out.append(local_attention(ql, kl, vl, self.window_size))
-        if self.struct_heads: out.append(struct_attention(qs, ks, vs, depth, anchor, self.struct_bias, self.struct_lines))
+        if self.struct_heads: out.append(struct_attention(qs, ks, vs, depth, anchor, self.struct_bias, self.struct_lines, anchors))
         if self.global_heads:
             out.append(helix_attention(qg, kg, vg, self.window_size) if state is None else state.helix.prefill(qg, kg, vg))
         return self.wo(torch.cat(out, 1).transpose(1, 2).reshape(B, T, -1))
