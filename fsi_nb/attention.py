@@ -146,9 +146,11 @@ class HybridAttention(nn.Module):
         qkv = F.linear(x, torch.cat([self.wq.weight, self.wk.weight, self.wv.weight])).view(B, T, H + 2 * KV, D)
         # q's and k's QK-Norm as one: the shared normalisation (RMSNorm's own math, fp32), then each head's gain
         gain = torch.cat([self.q_norm.weight.expand(H, D), self.k_norm.weight.expand(KV, D)])
-        qk = (F.rms_norm(qkv[:, :, :H + KV].float(), (D,), None, self.q_norm.eps) * gain.float())
+        qk, v = qkv.split([H + KV, KV], 2)   # split, not slices: its backward is one cat, a slice's a zero-filled copy each
+        qk = (F.rms_norm(qk.float(), (D,), None, self.q_norm.eps) * gain.float())
         qk = apply_rope(qk.to(torch.promote_types(qkv.dtype, gain.dtype)).transpose(1, 2), cos, sin)  # (B, H+KV, T, D)
-        return qk[:, :H], qk[:, H:], qkv[:, :, H + KV:].transpose(1, 2)
+        q, k = qk.split([H, KV], 1)
+        return q, k, v.transpose(1, 2)
 
     def _all_heads(self, x): # (B, kv_heads, T, D) -> (B, n_heads, T, D)
         "The keys or values each query head reads (query head h: kv head h // (n_heads // kv_heads)), one copy."
