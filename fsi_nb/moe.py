@@ -177,7 +177,8 @@ class MoEFFN(nn.Module):
         # the populations' outputs stay apart, one contiguous (N, d) block each, for the orthogonality term
         y_pop = torch.zeros(p * n, d, device=x.device, dtype=dtype)
         experts, sized, gate = _experts_grouped if grouped else _experts_loop, counts, gates.reshape(-1, 1)[order].to(dtype)
-        if compiling and not grouped:  # the loop's host sync would break the graph: a static capacity instead
+        if compiling and not grouped and x.device.type == 'cpu':  # the loop's host sync would break the graph: a static capacity
+            # instead (n_routed/top_k times the expert work; a GPU compiles fp32 with the loop's graph break rather than pay that)
             experts, (sized, token, dest, gate) = _experts_bmm, _static_layout(expert[order], counts, token, dest, gate, n)
         elif x.device.type == 'cpu' and dtype == torch.bfloat16 and not compiling:  # eager oneDNN: few shapes
             if grouped: experts, sized, token, dest, gate = _padded_layout(counts, token, dest, gate)
