@@ -11,7 +11,7 @@ from .shards import CATEGORIES, manifest_path, manifest_sha256, verify_manifest
 
 # %% auto #0
 __all__ = ['MIX_PHASES', 'SEED_RUN_STEPS', 'log', 'STAGE_MIX', 'mix_for_step', 'seq_len_for_step', 'fim_permute', 'Batcher',
-           'CodeDataset', 'collate_fn']
+           'global_micro', 'CodeDataset', 'collate_fn']
 
 # %% ../nbs/03e_batches.ipynb #c84fce01
 MIX_PHASES = ((0.0, {'code': 1.0}), (0.1, {'code': 0.7, 'nlp': 0.3}), (0.5, {'code': 0.5, 'nlp': 0.4, 'reasoning': 0.1}))
@@ -119,6 +119,14 @@ class Batcher:
             if self.fim_rate and cat == 'code': row = fim_permute(row, rng, self.special, self.fim_rate)
             x[b, :len(row)] = row; y[b, :len(row)] = row
         return dict(input_ids=torch.from_numpy(x), labels=torch.from_numpy(y))
+
+# %% ../nbs/03e_batches.ipynb #857a0f04
+def global_micro(micro:int,      # this rank's micro-batch, 0 .. grad_accum-1
+                 rank:int,       # this process's rank (0 on one process)
+                 grad_accum:int  # micro-batches per step on each rank
+                ) -> int:
+    "The index in its step of micro-batch `micro` of rank `rank`: rank r draws r*grad_accum ... (r+1)*grad_accum - 1."
+    return rank * grad_accum + micro
 
 # %% ../nbs/03e_batches.ipynb #bca2da6c
 class CodeDataset(torch.utils.data.Dataset):

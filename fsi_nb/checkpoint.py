@@ -12,7 +12,7 @@ import numpy as np, torch
 from .shards import sha256_file
 
 # %% auto #0
-__all__ = ['rng_state', 'set_rng_state', 'seed_everything', 'CheckpointError', 'write_atomic', 'checkpoint_path',
+__all__ = ['rng_state', 'set_rng_state', 'seed_everything', 'rank_seed', 'CheckpointError', 'write_atomic', 'checkpoint_path',
            'list_checkpoints', 'disk_error', 'save_checkpoint', 'verify_checkpoint', 'load_checkpoint',
            'latest_valid_checkpoint', 'final_checkpoint']
 
@@ -37,6 +37,14 @@ def set_rng_state(state:dict):
 def seed_everything(seed:int):
     "Seed Python, numpy and torch (all devices)."
     random.seed(seed); np.random.seed(seed); torch.manual_seed(seed)
+
+# %% ../nbs/08a_checkpoint.ipynb #7789be10
+def rank_seed(seed:int, # the run's seed
+              rank:int, # a process's rank (> 0; rank 0 keeps the run's own stream)
+              step:int=0 # the step it starts at (a resume on another number of processes)
+             ) -> int:
+    "A seed for rank `rank` of a multi-process run: its own stream, apart from rank 0's and from the other ranks'."
+    return int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0])
 
 # %% ../nbs/08a_checkpoint.ipynb #e23ad56f
 class CheckpointError(RuntimeError):

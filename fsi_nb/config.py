@@ -133,6 +133,7 @@ class TrainConfig:
     dpo_beta: float = 0.1              # DPO: the preference temperature beta
     tasks: str = 'coldstart'           # record stages' prompts: 'coldstart' (the prepared records), 'arith' (a family a tiny model learns), or 'coldstart+arith'
     num_prompts: int = 256             # DPO: prompts sampled for preference pairs; RL: held-out prompts per validation (at most)
+    activation_checkpointing: str = 'none'  # recompute in backward rather than keep: 'moe' (each MoE layer), 'all' (each block) or 'none'
 
     def __post_init__(self):
         for f in ('batch_size', 'grad_accum', 'seq_len', 'max_steps', 'log_interval', 'save_interval', 'keep_checkpoints', 'max_bad_steps'):
@@ -153,6 +154,8 @@ class TrainConfig:
         _check(self.temperature > 0, 'temperature', self.temperature, 'must be positive', 'use e.g. 1.0')
         _check(0 < self.clip_eps < 1, 'clip_eps', self.clip_eps, 'must be in (0, 1)', 'use e.g. 0.2')
         _check(self.dpo_beta > 0, 'dpo_beta', self.dpo_beta, 'must be positive', 'use e.g. 0.1')
+        _check(self.activation_checkpointing in ('none', 'moe', 'all'), 'activation_checkpointing', self.activation_checkpointing,
+               'unknown mode', "use 'none', 'moe' (each MoE layer) or 'all' (each block)")
         for s in self.seq_curriculum: _check(s > 0, 'seq_curriculum', self.seq_curriculum, 'lengths must be positive', 'e.g. (128, 256, 512)')
 
     @property

@@ -172,6 +172,14 @@ def _release_slot(slot):
     if slot:
         with _slots_lock: _free_slots.append(slot)
 
+def _forget_slots():
+    "In a forked child (a pool worker): the parent's free uids are not ours to run samples under."
+    global _slots_lock
+    for _, fd in _free_slots: os.close(fd)      # the parent's flock stays: it holds the same lock through its own fd
+    _free_slots.clear(); _slots_lock = threading.Lock()
+
+os.register_at_fork(after_in_child=_forget_slots)
+
 # %% ../nbs/03_sandbox.ipynb #e776d4af
 def _system_binds() -> list[str]:
     "bwrap arguments that show the system read-only: /usr, the /lib* and /bin links, the loader cache, the interpreter."

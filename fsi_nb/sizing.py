@@ -118,7 +118,7 @@ def activation_bytes(cfg:FSIEdgeConfig, # or a preset name / `Preset`
                      precision='bf16',  # 'bf16' (autocast) or 'fp32'
                      loss='chunked',    # 'chunked': the trainer's fused loss; 'plain': full logits (`return_logits=True`)
                     ) -> dict:
-    "Bytes per token the forward saves for the backward: `layer` (one layer), `layer_input`, `head`."
+    "Bytes per token the forward saves for the backward: `layer` (one layer), `layer_input`, `head`; `ffn`: the part of `layer` inside its FFN module."
     cfg = _model(cfg)
     if precision not in ('bf16', 'fp32'): raise ValueError(f"precision={precision!r} is unknown. Fix: use 'bf16' or 'fp32'.")
     if loss not in ('chunked', 'plain'): raise ValueError(f"loss={loss!r} is unknown. Fix: use 'chunked' (the trainer's) or 'plain'.")
@@ -134,16 +134,16 @@ def activation_bytes(cfg:FSIEdgeConfig, # or a preset name / `Preset`
                  + nh * hd * c                                        # wo's input (a contiguous copy)
                  + cfg.struct_heads * 2 * (cfg.struct_lines + 1) * hd * c
                  + cfg.global_heads * 2 * clusters * hd * c)
-    if cfg.is_moe:
-        ffn = (norm + inputs(1 + 2 * cfg.n_shared) + 2 * cfg.n_routed * f32
+    if cfg.is_moe:   # the FFN module's own tensors; its RMSNorm is outside it
+        ffn = (inputs(1 + 2 * cfg.n_shared) + 2 * cfg.n_routed * f32
                + (cfg.n_shared + cfg.top_k) * 4 * cfg.expert_d_ff * c
                + cfg.top_k * ((2 * d * c if bf16 else d * f32) + d * c + f32))  # gathered input, output, gate
     else:
-        ffn = norm + inputs(2) + 4 * cfg.d_ff * c
+        ffn = inputs(2) + 4 * cfg.d_ff * c
     dropout = 2 * d if cfg.dropout > 0 else 0                         # one-byte masks after attention and FFN
     if loss == 'plain': head = norm + inputs(1) + cfg.vocab_size * (c + f32 + f32)  # logits, log-softmax, their gradient
     else: head = norm + d * f32                                       # the fused loss keeps only d loss / d hidden
-    return dict(layer=attention + ffn + dropout, layer_input=d * f32, head=head)
+    return dict(layer=attention + norm + ffn + dropout, layer_input=d * f32, head=head, ffn=ffn)
 
 def loss_buffer_bytes(cfg:FSIEdgeConfig, # or a preset name / `Preset`
                       tokens:int,        # tokens in one micro-batch (a chunk is never longer)
@@ -156,10 +156,12 @@ def loss_buffer_bytes(cfg:FSIEdgeConfig, # or a preset name / `Preset`
 def training_memory(cfg:FSIEdgeConfig,      # or a preset name / `Preset`
                     train:TrainConfig=None, # micro-batch and sequence; default the preset's, else TrainConfig()
                     precision:str=None,     # 'bf16' or 'fp32'; default train.precision
-                    checkpointing=False,    # one activation checkpoint per layer
+                    checkpointing=False,    # activation checkpointing: False ('none'), 'moe' (each MoE layer) or True ('all': each layer)
                     loss='chunked'          # 'chunked' (the trainer's fused loss) or 'plain' (full logits)
                    ) -> dict:
     "Bytes a training step needs: weights, master weights, grads, Adam states, activations, loss buffers, total."
+    mode = {False: 'none', True: 'all'}.get(checkpointing, checkpointing)
+    if mode not in ('none', 'moe', 'all'): raise ValueError(f"checkpointing={checkpointing!r}. Fix: use False ('none'), 'moe' or True ('all').")
     p = _resolve(cfg)
     cfg, train = p.model, train or p.train
     precision = precision or train.precision
@@ -169,12 +171,14 @@ def training_memory(cfg:FSIEdgeConfig,      # or a preset name / `Preset`
     tokens = train.batch_size * train.seq_len                      # one micro-batch is alive at a time
     full = tokens * (cfg.n_layers * a['layer'] + a['head'])
     checkpointed = tokens * (cfg.n_layers * a['layer_input'] + a['layer'] + a['head'])
+    # 'moe': each MoE layer keeps only its input (d, fp32) and one layer's internals exist again in its backward
+    moe = tokens * (cfg.n_layers * (a['layer'] - a['ffn'] + a['layer_input']) + a['ffn'] + a['head']) if cfg.is_moe else full
     bf16 = precision == 'bf16'
     m = dict(weights=P * (2 if bf16 else 4),       # bf16: autocast's copies; fp32: the parameters
              master_weights=P * 4 if bf16 else 0,  # bf16: the fp32 parameters themselves
              grads=P * 4,
              adam_states=P * 8,                    # exp_avg and exp_avg_sq in fp32
-             activations=checkpointed if checkpointing else full,
+             activations={'none': full, 'moe': moe, 'all': checkpointed}[mode],
              activations_full=full, activations_checkpointed=checkpointed,
              loss_buffers=loss_buffer_bytes(cfg, tokens, precision, train.device) if loss == 'chunked' else 0)
     m['total'] = sum(m[k] for k in ('weights', 'master_weights', 'grads', 'adam_states', 'activations', 'loss_buffers'))

@@ -153,13 +153,16 @@ def stream_filter(docs:Iterable[Doc],               # candidates, in a fixed ord
 
 # %% ../nbs/03c_stream.ipynb #fd48f0ef
 def tokenizer_sample(spool:Spool, split:Callable[[str], str], sample_mb:float=256) -> tuple[Callable[[dict], bool], dict]:
-    "`(keep, info)`: `keep(meta)` picks the training documents the tokenizer learns from: all of them up to `sample_mb` MB, else about that much, by a hash of their ids."
-    train = [(m['id'], m['nbytes']) for m in spool.meta() if split(m['id']) == 'train']
-    total = sum(n for _, n in train)
-    frac = 1.0 if total <= sample_mb * 2**20 else sample_mb * 2**20 / total
-    pick = lambda i: frac >= 1 or _unit_hash('tokenizer:' + i) < frac
-    info = dict(train_docs=len(train), train_bytes=total, fraction=round(frac, 6), docs=sum(pick(i) for i, _ in train), bytes=sum(n for i, n in train if pick(i)))
-    return (lambda m: split(m['id']) == 'train' and pick(m['id'])), info
+    "`(keep, info)`: `keep(meta)` picks the training documents the tokenizer learns from: all of them up to `sample_mb` MB, else `sample_mb` MB of them (at most one document more), in the order of a hash of their ids."
+    train = sorted((_unit_hash('tokenizer:' + m['id']), m['nbytes']) for m in spool.meta() if split(m['id']) == 'train')
+    total, bound, cut, taken = sum(n for _, n in train), sample_mb * 2**20, float('inf'), 0
+    if total > bound:                  # the smallest hashes until the bound is reached: bytes within one document of it, whatever the corpus
+        for h, n in train:
+            taken += n
+            if taken >= bound: cut = h; break
+    picked = [n for h, n in train if h <= cut]
+    info = dict(train_docs=len(train), train_bytes=total, fraction=round(sum(picked) / total, 6) if total else 1.0, docs=len(picked), bytes=sum(picked))
+    return (lambda m: split(m['id']) == 'train' and _unit_hash('tokenizer:' + m['id']) <= cut), info
 
 # %% ../nbs/03c_stream.ipynb #2bb0be94
 _TOKENIZER = None

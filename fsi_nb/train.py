@@ -4,23 +4,26 @@
 
 # %% ../nbs/09_train.ipynb #e04e4f1a
 from __future__ import annotations
-import argparse, json, math, os, shutil, signal, socket, sys, threading, time, warnings
+import argparse, contextlib, gc, json, math, os, shutil, signal, socket, sys, threading, time, warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np, torch
 from tqdm import tqdm
 
-from .config import TrainConfig, Settings, config_to_dict
+from .config import TrainConfig, Settings, config_to_dict, load_settings
 from .tokenizer import load_tokenizer, structure_tables
 from .data import ensure_prepared
 from .shards import verify_manifest, manifest_sha256
 from .model import FSIEdgeModel, unwrap
 from .checkpoint import (CheckpointError, checkpoint_path, save_checkpoint, load_checkpoint, latest_valid_checkpoint,
-                               list_checkpoints, final_checkpoint, rng_state, set_rng_state, seed_everything)
+                               list_checkpoints, final_checkpoint, rng_state, set_rng_state, seed_everything, rank_seed)
 from .runs import (RunSpec, NeedsGPUError, resolve_run, autocast_context, tune_cpu_allocator, check_writable, is_smoke_run, CPUShare,
-                         truncate_log, write_json, json_safe, git_commit, to_json)
-from .objectives import make_objective
+                         truncate_log, write_json, read_json, json_safe, git_commit, to_json)
+from .objectives import make_objective, GRPO, DPO
+from .distributed import (Ranks, init_ranks, ranks_from_env, close_ranks, wrap_model, grad_sync, clip_grad_norm,
+                                full_model_state, full_optimizer_state, load_optimizer_state, restore_rng,
+                                activation_checkpointing, check_replicas, launch, LaunchError)
 
 # %% auto #0
 __all__ = ['MODEL_SIZES', 'param_groups', 'make_optimizer', 'lr_at', 'WarmupCosine', 'make_scheduler', 'routing_record',
@@ -69,8 +72,9 @@ def routing_record(routing) -> dict:
     return {k: [l.get(k) for l in layers] for k in (layers[0] if layers else {})}
 
 # %% ../nbs/09_train.ipynb #6d29a279
-def inject_nan_steps() -> set[int]:
-    "Steps whose loss the loop replaces by NaN, from `$FSI_NB_INJECT_NAN` ('7', '7,9', '7-11'): a fault-injection hook for tests."
+def inject_nan_steps(rank:int=0) -> set[int]:
+    "Steps whose loss the loop replaces by NaN, from `$FSI_NB_INJECT_NAN` ('7', '7,9', '7-11'), on rank `$FSI_NB_INJECT_NAN_RANK` only if set: a fault-injection hook for tests."
+    if os.environ.get('FSI_NB_INJECT_NAN_RANK', str(rank)) != str(rank): return set()
     steps = set()
     for part in os.environ.get('FSI_NB_INJECT_NAN', '').replace(' ', '').split(','):
         if not part: continue
@@ -141,27 +145,33 @@ def train_step(model,          # the module to run (a `torch.compile` wrapper is
                opt, objective, step:int, tcfg:TrainConfig, device:torch.device,
                stop=lambda: False, # a signal arrived: drop the partial step
                poison:bool=False,  # multiply the loss by NaN (fault injection)
+               ranks:Ranks=Ranks(),# this process's place in a torchrun job: which micro-batches it draws, sums over ranks
               ) -> StepResult | None:
     "One optimizer step of `objective`: micro-batches, backward, clip, the NaN guard, AdamW, router bias."
     plain = unwrap(model)
     loss_sum, tokens, metrics, data_s = torch.zeros((), device=device), 0, {}, 0.0
     for micro in range(tcfg.grad_accum):
         if stop(): break
-        t0 = time.perf_counter(); batch = objective.batch(step, micro, plain); data_s += time.perf_counter() - t0
-        with autocast_context(device, tcfg.precision): loss, m = objective.loss(model, batch)
-        loss = loss.float()
-        if poison: loss = loss * float('nan')
-        (loss / tcfg.grad_accum).backward()
+        t0 = time.perf_counter(); batch = objective.batch(step, ranks.micro(micro, tcfg.grad_accum), plain); data_s += time.perf_counter() - t0
+        with grad_sync(model, micro == tcfg.grad_accum - 1):   # ranks reduce gradients once, on the last micro-batch
+            with autocast_context(device, tcfg.precision): loss, m = objective.loss(model, batch)
+            loss = loss.float()
+            if poison: loss = loss * float('nan')
+            (loss / tcfg.grad_accum).backward()
         loss_sum += loss.detach(); tokens += objective.tokens(batch)
         for k, v in m.items(): metrics[k] = v if k == 'routing' else metrics.get(k, 0.0) + float(v) / tcfg.grad_accum
     if stop():   # drop the partial step, keep the last completed one
         opt.zero_grad(set_to_none=True); _zero_expert_load(plain); return None
-    grad_norm = torch.nn.utils.clip_grad_norm_(plain.parameters(), tcfg.grad_clip)
-    loss_val, gn = (loss_sum / tcfg.grad_accum).item(), float(grad_norm)
-    ok = math.isfinite(loss_val) and math.isfinite(gn)
+    if ranks.world > 1:   # one all-reduce: every rank gets the step's loss, tokens and metrics over all ranks
+        keys = [k for k in metrics if k != 'routing']
+        loss_sum, tokens, *values = ranks.sum([loss_sum, tokens, *(metrics[k] for k in keys)])
+        tokens = int(tokens); metrics |= {k: v / ranks.world for k, v in zip(keys, values)}
+    grad_norm = clip_grad_norm(plain.parameters(), tcfg.grad_clip)   # the same on every rank
+    loss_val, gn = float(loss_sum / (tcfg.grad_accum * ranks.world)), float(grad_norm)
+    ok = math.isfinite(loss_val) and math.isfinite(gn)   # so every rank decides alike
     if ok:
         opt.step()
-        if hasattr(plain, 'update_router_bias'): plain.update_router_bias()   # once per step, on all micro-batches' load (MoE)
+        if hasattr(plain, 'update_router_bias'): plain.update_router_bias()   # once per step, on all micro-batches' and ranks' load (MoE)
     else: _zero_expert_load(plain)                        # skip: no update, no router-bias update
     opt.zero_grad(set_to_none=True)
     return StepResult(loss_val, gn, ok, tokens, metrics, data_s)
@@ -187,7 +197,7 @@ def load_init_weights(model, init_from, tokenizer_sha256:str) -> Path:
                          "Fix: start this stage with the same preset and model overrides as the run it starts from.")
     return path
 
-def _check_resume(ck, spec, tok_sha, man_sha, path, data_dir):
+def _check_resume(ck, spec, tok_sha, man_sha, path, data_dir, world:int=1):
     "Refuse to continue a checkpoint on other data or another architecture; warn about changed training numbers."
     if ck.get('tokenizer_sha256') != tok_sha or ck.get('manifest_sha256') != man_sha:
         what = 'tokenizer' if ck.get('tokenizer_sha256') != tok_sha else 'data manifest'
@@ -199,15 +209,21 @@ def _check_resume(ck, spec, tok_sha, man_sha, path, data_dir):
     diff = {k: (old_m.get(k), v) for k, v in config_to_dict(spec.model).items() if old_m.get(k) != v}
     if diff: raise ValueError(f"checkpoint {path} has another architecture: {diff} (checkpoint, now). Fix: resume with "
                               "the same preset and model overrides, or start a new run (another run_name).")
-    old_t = ck['config']['train']
-    tdiff = {k: (old_t.get(k), v) for k, v in config_to_dict(spec.train).items() if old_t.get(k) != v}
+    old_t = config_to_dict(TrainConfig()) | ck['config']['train']   # a field newer than the checkpoint had its default
+    tdiff = {k: (old_t.get(k), v) for k, v in config_to_dict(spec.train).items()
+             if old_t.get(k) != v and k != 'activation_checkpointing'}   # checkpointing changes memory, not a number
+    old_world = ck.get('world_size', 1)
+    if old_world != world:   # the same micro-batches per step (grad_accum x processes) draw the same windows
+        before, now = old_t['grad_accum'] * old_world, spec.train.grad_accum * world
+        tdiff.pop('grad_accum', None)
+        if before != now: tdiff['micro-batches per step (grad_accum x processes)'] = (before, now)
     if 'stage' in tdiff: raise ValueError(f"checkpoint {path} is a run of {old_t.get('stage')}, not {spec.train.stage}. Fix: "
                                           "resume it with the same stage, or train this stage under another run_name.")
     if tdiff: warnings.warn(f"resuming {path} with changed training settings {tdiff} (checkpoint, now): the run "
                             "continues with the new values, so it is no longer the same as an uninterrupted run.")
 
 # %% ../nbs/09_train.ipynb #5a740b62
-def _guard_run_dir(spec:RunSpec, resume:bool):
+def _guard_run_dir(spec:RunSpec, resume:bool, main:bool=True):
     "Refuse what would lose work (a smoke test over a real run, resume=False over checkpoints); prove the folder is writable."
     run_dir, ckpt_dir = spec.run_dir, spec.run_dir/'checkpoints'
     if spec.smoke and list_checkpoints(ckpt_dir) and not is_smoke_run(run_dir):
@@ -218,16 +234,16 @@ def _guard_run_dir(spec:RunSpec, resume:bool):
         raise ValueError(f"{run_dir} already has checkpoints and resume=False. Fix: resume=True to continue it, "
                          "another run_name for a new run, or delete that folder.")
     check_writable(run_dir)
-    if spec.smoke:   # a smoke run always starts fresh
+    if spec.smoke and main:   # a smoke run always starts fresh (rank 0 clears the folder)
         for d in (ckpt_dir, run_dir/'best'): shutil.rmtree(d, ignore_errors=True)
 
-def _run_info(spec, t, dev, tok_sha, man_sha, data_dir, resumed_from, init, objective) -> dict:
+def _run_info(spec, t, dev, tok_sha, man_sha, data_dir, resumed_from, init, objective, world:int=1) -> dict:
     "What config.json records about a run."
     return dict(preset=spec.preset, run_name=spec.run_name, smoke=spec.smoke, stage=t.stage, objective=type(objective).__name__,
                 total_steps=t.max_steps, init_from=str(init) if init else None, model=config_to_dict(spec.model),
                 train=config_to_dict(t), overrides={k: str(v) for k, v in spec.overrides.items()},
                 settings={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(spec.settings).items()},
-                device=str(dev), threads=torch.get_num_threads(), git_commit=git_commit(), torch=str(torch.__version__),
+                device=str(dev), threads=torch.get_num_threads(), world_size=world, git_commit=git_commit(), torch=str(torch.__version__),
                 host=socket.gethostname(), data=dict(dir=str(data_dir), tokenizer_sha256=tok_sha, manifest_sha256=man_sha),
                 resumed_from=str(resumed_from) if resumed_from else None)
 
@@ -258,69 +274,124 @@ def train(preset:str='tiny',          # a name in `fsi_nb.config.PRESETS`
           callback=None,              # called with each log record (a dict), e.g. a `fsi_nb.dashboard.Dashboard`
           progress:bool=True,         # tqdm progress bar
           settings:Settings|None=None,# None: settings.ini
+          nproc:int=1,                # processes on this machine: > 1 runs this call under torchrun and follows it (`fsi_nb.distributed`)
           **overrides                 # TrainConfig / FSIEdgeConfig fields (stage, init_from, ...), data_dir, runs_dir, threads
          ) -> RunResult:
     "Train (or resume) the run `run_name` of `preset` and return what happened; the same loop for notebook, CLI and pipeline."
+    if nproc > 1 and 'WORLD_SIZE' not in os.environ:   # (under torchrun, torchrun has decided)
+        return _train_under_torchrun(preset, run_name, resume, smoke, callback, progress, settings, nproc, overrides)
     spec = resolve_run(preset, run_name, smoke=smoke, settings=settings, **overrides)
+    ranks = init_ranks(spec.device)               # torchrun's environment; a plain process is rank 0 of 1
+    spec.device = ranks.device                    # under torchrun on GPUs: this rank's own
     run_dir, ckpt_dir, log_path, dev = spec.run_dir, spec.run_dir/'checkpoints', spec.run_dir/'log.jsonl', spec.device
-    _guard_run_dir(spec, resume)
-    # threads = 0: as many threads as the cores other programs leave free, re-checked while training (`CPUShare`)
-    share = CPUShare() if dev.type == 'cpu' and not spec.settings.threads else None
-    if share is None: torch.set_num_threads(spec.settings.threads or os.cpu_count())
+    _guard_run_dir(spec, resume, ranks.main)
+    # threads = 0: as many threads as the cores other programs leave free, re-checked while training (`CPUShare`);
+    # under torchrun a node's ranks share its cores, a fixed share each
+    share = CPUShare() if dev.type == 'cpu' and not spec.settings.threads and ranks.local_world == 1 else None
+    if share is None: torch.set_num_threads(spec.settings.threads or max(1, os.cpu_count() // ranks.local_world))
     if dev.type == 'cpu': tune_cpu_allocator()   # reuse freed memory: no page faults on every step's tensors
     os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')   # forked workers + tokenizer threads deadlock
     if dev.type == 'cuda': torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     data_dir = spec.data_dir
-    if not (data_dir/'manifest.json').exists():   # prepare once; the objective verifies the shards either way
-        ensure_prepared(data_dir, sources=spec.settings.corpus_sources, extra_code=spec.settings.extra_code, progress=progress)
+    if not (data_dir/'manifest.json').exists():   # prepare once (rank 0; the others wait); the objective verifies the shards either way
+        if ranks.main: ensure_prepared(data_dir, sources=spec.settings.corpus_sources, extra_code=spec.settings.extra_code, progress=progress)
+        ranks.barrier()
     manifest = verify_manifest(data_dir)          # the shard hashes, once
     tok_sha, man_sha = manifest['tokenizer_sha256'], manifest_sha256(data_dir)
     if manifest['vocab_size'] > spec.model.vocab_size:
         raise ValueError(f"the tokenizer in {data_dir} has {manifest['vocab_size']} tokens but the model's vocab_size is "
                          f"{spec.model.vocab_size}. Fix: vocab_size={manifest['vocab_size']} (or larger), or prepare with a smaller vocabulary.")
-    objective = make_objective(spec, data_dir)
+    objective = make_objective(_objective_spec(spec, ranks), data_dir)
+    if ranks.world > 1 and spec.model.is_moe and isinstance(objective, (GRPO, DPO)):
+        raise ValueError(f"{spec.train.stage} samples from the model, which the ranks of a sharded (FSDP2) MoE model cannot do apart. "
+                         "Fix: train this stage on one process (nproc=1), or a dense model.")
     model = build_model(spec, data_dir)
     init = load_init_weights(model, spec.train.init_from, tok_sha) if spec.train.init_from else None
     objective.setup(model)                        # from the starting weights (reference models, DPO pairs)
     if (n := objective.steps()) is not None: spec.train = replace(spec.train, max_steps=max(n, 1))   # epochs -> steps (DPO: once its pairs exist)
     t = spec.train
-    opt = make_optimizer(model, t); sched = make_scheduler(opt, t)
     st, (ckpt_path, skipped) = TrainState(), latest_valid_checkpoint(ckpt_dir) if resume else (None, [])
     if skipped and ckpt_path is None:   # never left by a crash (saves are atomic): refuse rather than train over them
         (newest, why), n = skipped[0], len(skipped)
         raise CheckpointError(f"{ckpt_dir} has {n} checkpoint{'s' * (n > 1)} and none verifies (newest, {newest.name}: {why}); "
                               "nothing was changed. Fix: restore them with their .sha256 files, or move them out of "
                               f"{ckpt_dir} to start the run over, or train under another run_name.")
-    for p, why in skipped: print(f'skipping checkpoint {p}: {why}', file=sys.stderr)
-    if ckpt_path:
-        ck = load_checkpoint(ckpt_path)
-        _check_resume(ck, spec, tok_sha, man_sha, ckpt_path, data_dir)
-        model.load_state_dict(ck['model']); opt.load_state_dict(ck['optimizer']); sched.load_state_dict(ck['scheduler'])
+    if ranks.main:
+        for p, why in skipped: print(f'skipping checkpoint {p}: {why}', file=sys.stderr)
+    ck = load_checkpoint(ckpt_path) if ckpt_path else None
+    if ck:
+        _check_resume(ck, spec, tok_sha, man_sha, ckpt_path, data_dir, ranks.world)
+        model.load_state_dict(ck['model'])        # the full weights, before the ranks shard them
+    if not activation_checkpointing(model, t.activation_checkpointing) and t.activation_checkpointing == 'moe':
+        warnings.warn("activation_checkpointing='moe' on a dense model checkpoints nothing. Fix: 'all' (each block) or 'none'.")
+    model = wrap_model(model, spec.model, ranks)  # DDP (dense) or FSDP2 (MoE) under torchrun; the model itself on one process
+    opt = make_optimizer(unwrap(model), t); sched = make_scheduler(opt, t)
+    if ck:
+        load_optimizer_state(model, opt, ck['optimizer']); sched.load_state_dict(ck['scheduler'])
         # the schedule follows the current config (a resume may extend max_steps); unchanged config -> same floats
         sched.lr_lambdas[0] = WarmupCosine(t.lr, t.min_lr, t.warmup_steps, t.max_steps); sched.base_lrs = [t.lr] * len(opt.param_groups)
         for g in opt.param_groups: g['lr'] = t.lr * sched.lr_lambdas[0](sched.last_epoch)
-        set_rng_state(ck['rng'])
+        restore_rng(ck, ranks)
         st = TrainState(**ck['train_state'])
-        print(f'resuming {spec.run_name} from {ckpt_path} (step {st.step})', file=sys.stderr)
-    truncate_log(log_path, st.step)   # steps from here on are trained again (all of them when no checkpoint survived)
-    info = _run_info(spec, t, dev, tok_sha, man_sha, data_dir, ckpt_path, init, objective)
-    write_json(run_dir/'config.json', info)
-    write_json(run_dir/'status.json', dict(state='running', pid=os.getpid(), host=info['host'], step=st.step, total_steps=t.max_steps,
-                                          stage=t.stage, started=time.time()))
-    loop = _Loop(spec, model, opt, sched, objective, st, info, callback, progress, ckpt_path, share)
+        if ranks.main: print(f'resuming {spec.run_name} from {ckpt_path} (step {st.step})' + (f'; it was saved by {ck.get("world_size", 1)} '
+                             f'process(es), this run has {ranks.world}' if ck.get('world_size', 1) != ranks.world else ''), file=sys.stderr)
+    elif ranks.rank: seed_everything(rank_seed(t.seed, ranks.rank))   # dropout apart from rank 0's, which keeps a one-process run's
+    info = _run_info(spec, t, dev, tok_sha, man_sha, data_dir, ckpt_path, init, objective, ranks.world)
+    if ranks.main:   # rank 0 writes the run folder
+        truncate_log(log_path, st.step)   # steps from here on are trained again (all of them when no checkpoint survived)
+        write_json(run_dir/'config.json', info)
+        write_json(run_dir/'status.json', dict(state='running', pid=os.getpid(), host=info['host'], step=st.step, total_steps=t.max_steps,
+                                              stage=t.stage, started=time.time()))
+    loop = _Loop(spec, model, opt, sched, objective, st, info, callback, progress, ckpt_path, ranks, share)
     try: loop.run()
     except BaseException as e:   # a full disk, an out-of-memory error, a second Ctrl-C: say so where a watcher looks, then stop
-        try: write_json(run_dir/'status.json', dict(state='error', message=f'{type(e).__name__}: {e}', step=st.step,
-                                                   total_steps=t.max_steps, ended=time.time()))
+        try:
+            if ranks.main: write_json(run_dir/'status.json', dict(state='error', message=f'{type(e).__name__}: {e}', step=st.step,
+                                                                 total_steps=t.max_steps, ended=time.time()))
         except OSError: pass
         raise
-    return loop.result(skipped)
+    result = loop.result(skipped)
+    if ranks.world > 1:   # free DDP's reducer while the process group lives: freed after it, gloo can deadlock at exit (pytorch#56297)
+        del loop, model; gc.collect()
+    return result
+
+def _objective_spec(spec:RunSpec, ranks:Ranks) -> RunSpec:
+    "The run as the objective sees it: one step is `grad_accum x world` micro-batches (SFT and DPO number their records by them)."
+    return spec if ranks.world == 1 else replace(spec, train=replace(spec.train, grad_accum=spec.train.grad_accum * ranks.world))
+
+# %% ../nbs/09_train.ipynb #62b8a90c
+def _train_under_torchrun(preset, run_name, resume, smoke, callback, progress, settings, nproc, overrides) -> RunResult:
+    "`train` in `nproc` processes under torchrun on this machine, followed from here; the result rank 0 wrote."
+    if settings is not None and settings != load_settings():
+        raise ValueError("nproc > 1: each process reads settings.ini itself, so a changed Settings object cannot reach them. Fix: "
+                         "pass its values as overrides (data_dir=..., runs_dir=..., threads=...), or edit settings.ini.")
+    spec = resolve_run(preset, run_name, smoke=smoke, settings=settings, **overrides)   # a bad argument stops here, before torchrun
+    literal = lambda v: repr(str(v) if isinstance(v, Path) else v)                      # `main` reads --set values with literal_eval
+    argv = ['--preset', preset, '--run-name', spec.run_name, '--no-progress', *(['--smoke'] * smoke), *(['--no-resume'] * (not resume)),
+            *(a for k, v in overrides.items() if v is not None for a in ('--set', f'{k}={literal(v)}'))]
+    bar = tqdm(total=spec.train.max_steps, desc=spec.run_name, disable=not progress, dynamic_ncols=True, file=sys.stderr)
+    def follow(rec):   # rank 0's records: the bar here, then the caller's callback
+        bar.total, bar.n = rec.get('total_steps') or bar.total, rec['step'] + 1; bar.refresh()
+        if callback is not None: callback(rec)
+    started = time.time()
+    try: code = launch(argv, nproc, spec.run_dir, callback=follow)
+    finally: bar.close()
+    s = read_json(spec.run_dir/'status.json') or {}
+    if s.get('ended', 0) < started or s.get('state') in (None, 'running', 'error'):
+        raise LaunchError(f"torchrun ended (exit status {code}) without the run saying how it ended" +
+                          (f": {s['message']}" if s.get('state') == 'error' and s.get('ended', 0) >= started else "; the ranks' output above says why") +
+                          f". Fix what it names, then run again: it resumes from the last checkpoint in {spec.run_dir/'checkpoints'}.")
+    path = lambda x: Path(x) if x else None
+    return RunResult(spec.run_name, spec.run_dir, s['step'], s['total_steps'], s['state'], s['message'], s['loss'], s['avg_loss'],
+                     s['tokens'], s['tokens_per_sec'], s['bad_steps'], path(s['checkpoint']), path(s['resumed_from']), [], s['timings'],
+                     s['signum'], s['evals'], s['best'], None)
 
 # %% ../nbs/09_train.ipynb #32f58085
 class _Loop:
     "The training loop of one run; `run()` is the loop, the other methods what it does around each step."
-    def __init__(self, spec, model, opt, sched, objective, st, info, callback, progress, checkpoint, share=None):
+    def __init__(self, spec, model, opt, sched, objective, st, info, callback, progress, checkpoint, ranks=Ranks(), share=None):
         self.spec, self.t, self.model, self.opt, self.sched, self.objective, self.st = spec, spec.train, model, opt, sched, objective, st
+        self.ranks = ranks   # under torchrun: every rank runs this loop; they agree on each decision, rank 0 writes
         self.info, self.callback, self.progress, self.checkpoint, self.share = info, callback, progress, checkpoint, share
         self.run_dir, self.dev = spec.run_dir, spec.device
         self.cmodel = torch.compile(model) if self.t.compile else model   # checkpoints save `model`: no `_orig_mod.` keys
@@ -330,23 +401,27 @@ class _Loop:
 
     def run(self):
         t, st, total = self.t, self.st, self.t.max_steps
-        inject, step_s, save_s, bad_in_row = inject_nan_steps(), None, 0.0, 0
+        inject, step_s, save_s, bad_in_row = inject_nan_steps(self.ranks.rank), None, 0.0, 0
         self.t_start = last_save = self.last_log = time.perf_counter(); self.last_log_tokens = st.tokens
-        pbar = tqdm(total=total, initial=st.step, disable=not self.progress, desc=self.spec.run_name, dynamic_ncols=True,
+        ranks, agreed_signal = self.ranks, 0
+        # one process drops the step a signal interrupts; ranks finish it together, agree, then stop
+        signalled = lambda: sig.signum if ranks.world == 1 else agreed_signal
+        pbar = tqdm(total=total, initial=st.step, disable=not self.progress or not ranks.main, desc=self.spec.run_name, dynamic_ncols=True,
                     mininterval=0.5 if sys.stderr.isatty() else 10, file=sys.stderr)
         if st.step == 0 and not st.evals:   # the starting weights: the "before" of this stage's metric
             self._validate(); self._save(best=True)
-        with StopOnSignal() as sig, open(self.run_dir/'log.jsonl', 'a') as log:
-            while st.step < total and not sig.signum:
+        with StopOnSignal() as sig, open(self.run_dir/'log.jsonl', 'a') if ranks.main else contextlib.nullcontext() as log:
+            while st.step < total and not signalled():
                 t_step, rng_at_step = time.perf_counter(), rng_state()   # dropout draws from it: a dropped step must not advance it
                 self.cmodel.train()
-                r = train_step(self.cmodel, self.opt, self.objective, st.step, t, self.dev, lambda: sig.signum, st.step in inject)
+                r = train_step(self.cmodel, self.opt, self.objective, st.step, t, self.dev,
+                               (lambda: sig.signum) if ranks.world == 1 else (lambda: None), st.step in inject, ranks)
                 if r is None: set_rng_state(rng_at_step); break
                 self.timings['data'] += r.data_seconds
-                if r.ok: st.record(r.loss); bad_in_row = 0
+                if r.ok: st.record(r.loss); bad_in_row = 0   # r.ok, like r.loss, is the same on every rank
                 else:
                     st.bad_steps += 1; bad_in_row += 1
-                    tqdm.write(f'step {st.step}: loss {r.loss}, grad norm {r.grad_norm}: not finite, step skipped '
+                    if ranks.main: tqdm.write(f'step {st.step}: loss {r.loss}, grad norm {r.grad_norm}: not finite, step skipped '
                                f'({bad_in_row} in a row, {st.bad_steps} in this run)', file=sys.stderr)
                 lr = self.opt.param_groups[0]['lr']   # this step's (the scheduler moves it after)
                 self.sched.step()
@@ -354,40 +429,49 @@ class _Loop:
                 now = time.perf_counter()
                 step_s = now - t_step if step_s is None else 0.9 * step_s + 0.1 * (now - t_step)
                 val = self._validate() if st.step % t.eval_interval == 0 or st.step == total else None
-                if (st.step - 1) % t.log_interval == 0 or st.step == total or val: self._log(log, r, lr, now, val)
+                if ranks.main and ((st.step - 1) % t.log_interval == 0 or st.step == total or val): self._log(log, r, lr, now, val)
                 pbar.set_postfix(loss=f'{r.loss:.3f}', refresh=False); pbar.update(1)
                 if self.share: self.share.check()   # fewer threads while another program holds a core
                 if bad_in_row >= t.max_bad_steps: self.stopped = 'nan'; break
                 if val and t.early_stop_patience and st.evals_since_best >= t.early_stop_patience: self.stopped = 'early_stop'; break
-                if st.step % t.save_interval == 0 or now - last_save >= t.save_minutes * 60:
-                    save_s = self._save(); last_save = time.perf_counter()
+                # a signal and a save that is due on any rank's clock hold for all ranks (`max` over ranks; as they are on one)
+                agreed_signal, save_due = ranks.max(sig.signum or 0, st.step % t.save_interval == 0 or now - last_save >= t.save_minutes * 60)
+                if save_due: save_s = self._save(); last_save = time.perf_counter()
                 if self.best_pending and st.step < total: self._save(best=True)   # the end saves the rolling one first
-                if t.budget_hours and (now - self.t_start) + 2 * step_s + 2 * max(save_s, step_s) >= t.budget_hours * 3600:
+                if t.budget_hours and ranks.max((now - self.t_start) + 2 * step_s + 2 * max(save_s, step_s) >= t.budget_hours * 3600)[0]:
                     self.stopped = 'budget'; break
             pbar.close()
-            if sig.signum: self.stopped, self.signum = 'signal', sig.signum
+            if signalled(): self.stopped, self.signum = 'signal', signalled()
             if self.saved_step != st.step: self._save()
             if self.best_pending: self._save(best=True)
         self.timings['total'] = time.perf_counter() - self.t_start
 
     def _state(self) -> dict:
-        t, st = self.t, self.st
-        return dict(format='fsi_nb.checkpoint/2', step=st.step, loss=st.loss, model=self.model.state_dict(),
-                    optimizer=self.opt.state_dict(), scheduler=self.sched.state_dict(),
+        "The checkpoint's contents (every rank takes part: FSDP2 gathers the full state to rank 0, each rank sends its RNG state)."
+        t, st, ranks = self.t, self.st, self.ranks
+        rngs = ranks.gather(rng_state())
+        return dict(format='fsi_nb.checkpoint/2', step=st.step, loss=st.loss, model=full_model_state(self.model),
+                    optimizer=full_optimizer_state(self.model, self.opt), scheduler=self.sched.state_dict(),
                     config=dict(model=config_to_dict(self.spec.model), train=config_to_dict(t)),
                     args=dict(preset=self.spec.preset, run_name=self.spec.run_name, smoke=self.spec.smoke, overrides=self.info['overrides']),
-                    rng=rng_state(), token_offset=st.tokens, data=dict(seed=t.seed, stage=t.stage, step=st.step, token_offset=st.tokens),
+                    rng=rngs[0], token_offset=st.tokens, data=dict(seed=t.seed, stage=t.stage, step=st.step, token_offset=st.tokens),
                     objective=self.info['objective'], init_from=self.info['init_from'],
                     tokenizer_sha256=self.info['data']['tokenizer_sha256'], manifest_sha256=self.info['data']['manifest_sha256'],
                     train_state=dict(vars(st), elapsed_seconds=self._elapsed()), torch_version=str(torch.__version__),
-                    git_commit=self.info['git_commit'])
+                    git_commit=self.info['git_commit'], world_size=ranks.world, **(dict(rng_ranks=rngs) if ranks.world > 1 else {}))
 
     def _elapsed(self): return self.st.elapsed_seconds + time.perf_counter() - self.t_start
 
     def _save(self, best:bool=False) -> float:
         t0 = time.perf_counter()
         d, keep = (self.run_dir/'best', 1) if best else (self.run_dir/'checkpoints', self.t.keep_checkpoints)
-        path = save_checkpoint(self._state(), d, self.st.step, keep=keep, keep_every=0 if best else self.t.keep_every)
+        check_replicas(self.model, self.ranks)   # under torchrun: the ranks' router biases still agree
+        state, path, failed = self._state(), checkpoint_path(d, self.st.step), None
+        if self.ranks.main:   # rank 0 writes; the others learn whether it could, and stop with it if not
+            try: path = save_checkpoint(state, d, self.st.step, keep=keep, keep_every=0 if best else self.t.keep_every)
+            except CheckpointError as e: failed = e
+        if self.ranks.max(failed is not None)[0]:
+            raise failed or CheckpointError(f'rank 0 could not write checkpoint {path} (its message says why)')
         if best: self.best_pending = False
         else: self.checkpoint, self.saved_step = path, self.st.step
         dt = time.perf_counter() - t0; self.timings['checkpoint'] += dt
@@ -395,7 +479,7 @@ class _Loop:
 
     def _validate(self) -> dict:
         t0, st, obj = time.perf_counter(), self.st, self.objective
-        val = obj.evaluate(unwrap(self.model))
+        val = self.ranks.same(obj.evaluate(unwrap(self.model)))   # every rank runs it (FSDP2 needs all); rank 0's numbers decide
         score = val[obj.metric]
         better = st.best is None or (score > st.best[obj.metric] if obj.higher_is_better else score < st.best[obj.metric])
         if better and math.isfinite(score):
@@ -439,13 +523,16 @@ class _Loop:
                'early_stop': f'stopped early at step {st.step}/{total}: {t.early_stop_patience} validations without a better '
                              f'{self.objective.metric} than step {st.best and st.best["step"]}'}[self.stopped]
         msg += f'; checkpoint {self.checkpoint}' if self.checkpoint else ''
-        print(f'{self.spec.run_name}: {msg}. loss {st.loss if st.loss is None else round(st.loss, 4)}, '
-              f'{tps:,.0f} tokens/s this session', file=sys.stderr)
-        write_json(self.run_dir/'status.json', dict(state=self.stopped, message=msg, step=st.step, total_steps=total, loss=st.loss,
-                   stage=t.stage, checkpoint=str(self.checkpoint) if self.checkpoint else None, best=st.best, metric=self.objective.metric,
-                   higher_is_better=self.objective.higher_is_better, evals=st.evals, tokens_per_sec=tps, ended=time.time(), pid=os.getpid()))
+        if self.ranks.main:
+            print(f'{self.spec.run_name}: {msg}. loss {st.loss if st.loss is None else round(st.loss, 4)}, '
+                  f'{tps:,.0f} tokens/s this session', file=sys.stderr)
+            write_json(self.run_dir/'status.json', dict(state=self.stopped, message=msg, step=st.step, total_steps=total, loss=st.loss,
+                       stage=t.stage, checkpoint=str(self.checkpoint) if self.checkpoint else None, best=st.best, metric=self.objective.metric,
+                       higher_is_better=self.objective.higher_is_better, evals=st.evals, tokens_per_sec=tps, ended=time.time(), pid=os.getpid(),
+                       avg_loss=st.avg_loss, tokens=st.tokens, bad_steps=st.bad_steps, timings=self.timings, signum=self.signum,
+                       resumed_from=str(self.resumed_from) if self.resumed_from else None, world_size=self.ranks.world))
         return RunResult(self.spec.run_name, self.run_dir, st.step, total, self.stopped, msg, st.loss, st.avg_loss, st.tokens, tps,
-                         st.bad_steps, self.checkpoint, self.resumed_from, skipped, self.timings, self.signum, st.evals, st.best, self.model)
+                         st.bad_steps, self.checkpoint, self.resumed_from, skipped, self.timings, self.signum, st.evals, st.best, unwrap(self.model))
 
 # %% ../nbs/09_train.ipynb #9538ce87
 _EXIT = dict(finished=0, budget=0, early_stop=0, nan=3)
@@ -475,6 +562,8 @@ def main(argv=None) -> int:
                       ('data_dir', str), ('runs_dir', str)]:
         ap.add_argument('--' + name.replace('_', '-'), type=typ, dest=name)
     ap.add_argument('--compile', action='store_true', default=None, help='torch.compile the model')
+    ap.add_argument('--nproc', type=int, default=1, help='processes on this machine (one per GPU): > 1 starts torchrun and follows it; '
+                    'DDP for dense presets, FSDP2 for MoE ones (under torchrun itself, torchrun decides)')
     ap.add_argument('--no-resume', action='store_true', help='refuse to continue an existing run')
     ap.add_argument('--smoke', action='store_true', help="the preset's architecture for 2 steps at batch 1 on the CPU")
     ap.add_argument('--no-progress', action='store_true', help='no tqdm bar')
@@ -482,25 +571,32 @@ def main(argv=None) -> int:
                     help='any other TrainConfig or FSIEdgeConfig field, e.g. --set d_model=32 --set n_layers=1')
     a = ap.parse_args(argv)
     if a.model_size: a.preset = MODEL_SIZES[a.model_size]
-    over = {k: v for k, v in vars(a).items() if k not in ('preset', 'model_size', 'run_name', 'no_resume', 'smoke', 'no_progress', 'set')}
+    over = {k: v for k, v in vars(a).items() if k not in ('preset', 'model_size', 'run_name', 'no_resume', 'smoke', 'no_progress', 'set', 'nproc')}
     for kv in a.set:
         k, eq, v = kv.partition('=')
         if not eq: ap.error(f'--set {kv!r}: expected KEY=VALUE, e.g. --set d_model=32')
         over[k.strip()] = _value(v.strip())
     stages = over.pop('stages', None)
+    ranks = ranks_from_env()
+    err = lambda e: print(f"error{f' (rank {ranks.rank})' if ranks.world > 1 else ''}: {e}", file=sys.stderr)
     try:
         if stages:   # a chain of runs, one per stage: fsi_nb.stages
+            if ranks.world > 1: raise ValueError("--stages under torchrun: every rank would run the pipeline's bookkeeping. Fix: "
+                                                 "python -m fsi_nb.train --stages ... --nproc N (each stage its own torchrun job).")
             from fsi_nb.stages import run_pipeline
-            res = run_pipeline(stages, a.preset, a.run_name, smoke=a.smoke, progress=not a.no_progress, **over)
-            print(res.table.to_string(index=False))
+            res = run_pipeline(stages, a.preset, a.run_name, smoke=a.smoke, progress=not a.no_progress, nproc=a.nproc, **over)
+            if ranks.main: print(res.table.to_string(index=False))
             return _EXIT.get(res.stopped, 0) if res.signum is None else 128 + res.signum
-        r = train(a.preset, a.run_name, resume=not a.no_resume, smoke=a.smoke, progress=not a.no_progress, **over)
+        r = train(a.preset, a.run_name, resume=not a.no_resume, smoke=a.smoke, progress=not a.no_progress, nproc=a.nproc, **over)
     except CheckpointError as e:
-        print(f'error: {e}', file=sys.stderr); return 4
+        err(e); return 4
     except (NeedsGPUError, ValueError, FileNotFoundError) as e:
-        print(f'error: {e}', file=sys.stderr); return 2
-    print(json.dumps(dict(run_dir=str(r.run_dir), step=r.step, stopped=r.stopped, loss=r.loss, avg_loss=r.avg_loss,
-                          tokens_per_sec=round(r.tokens_per_sec, 1), overhead=round(r.overhead, 4), checkpoint=str(r.checkpoint))))
+        err(e); return 2
+    except LaunchError as e:
+        err(e); return 1
+    finally: close_ranks()   # under torchrun: leave the process group
+    if ranks.main: print(json.dumps(dict(run_dir=str(r.run_dir), step=r.step, stopped=r.stopped, loss=r.loss, avg_loss=r.avg_loss,
+                                         tokens_per_sec=round(r.tokens_per_sec, 1), overhead=round(r.overhead, 4), checkpoint=str(r.checkpoint))))
     return 128 + r.signum if r.stopped == 'signal' else _EXIT[r.stopped]
 
 # %% ../nbs/09_train.ipynb #05ff1f1f
