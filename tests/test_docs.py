@@ -24,7 +24,7 @@ def test_every_run_notebook_is_executed_by_papermill_in_a_test():
     assert run_nbs and not untested, f"run notebooks with no papermill test: {untested}"
 
 def _sources() -> list[Path]:
-    return [*(ROOT/'nbs').glob('*.ipynb'), *(ROOT/'nbs'/'docs').rglob('*.*'), *(ROOT/'fsi_nb').glob('*.py')]
+    return [*(ROOT/'nbs').glob('*.ipynb'), *(ROOT/'nbs'/'docs').rglob('*.*'), *(ROOT/'nbs'/'notes').glob('*.*'), *(ROOT/'fsi_nb').glob('*.py')]
 
 @pytest.fixture(scope='module')
 def site(tmp_path_factory) -> Path:
@@ -106,7 +106,7 @@ def browser_page(site, tmp_path_factory):
     server.shutdown()
 
 PAGES = ['index.html', '01_sizing.html', '10_dashboard.html', 'sizing.html', 'train.html', 'docs/api/sizing.html',
-         'docs/lab/cpu-threads.html']
+         'notes/cpu-threads.html']
 
 def test_pages_in_a_browser_request_nothing_outside_and_cut_nothing_off(browser_page):
     "Each page loaded in chromium: every request goes to the site, and no line runs out of its box (the README's command)."

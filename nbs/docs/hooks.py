@@ -5,7 +5,8 @@ the pages in `_proc/site/` and points `docs_dir` there; nothing is written into 
 - the numbered notebooks and `execute.RUN_NOTEBOOKS` with their outputs; the other run notebooks as templates;
 - without nbdev's plumbing: `#| default_exp` and `#| hide` cells, the exported imports above the title, and the
   `#|` lines of every other cell;
-- a navigation built from the files (Library, Run notebooks, Lab notes, API), so adding a page needs no edit here.
+- a navigation built from the files (Library, Run notebooks, Lab notes from `nbs/notes/`, API), so adding a page
+  needs no edit here.
 `on_page_content` rebuilds each notebook page's table of contents from its rendered headings: mkdocs-jupyter's own
 drops code spans ("Sizing the `a100` and `h200` presets" became "Sizing the and presets", with a dead anchor).
 """
@@ -71,13 +72,13 @@ def on_config(config, **kwargs):
             "the executed copy in the run's folder is the record, with the outputs.")
         (SITE_SRC/nb.name).write_text(json.dumps(page_notebook(json.loads(shown.read_text()), note)))
         if nb.name != 'index.ipynb': (library if numbered else runs).append({_title(nb): nb.name})
-    for sub in ('api', 'lab'):
-        if (HERE/sub).is_dir(): shutil.copytree(HERE/sub, SITE_SRC/'docs'/sub)
+    shutil.copytree(HERE/'api', SITE_SRC/'docs'/'api')
+    if (NBS/'notes').is_dir(): shutil.copytree(NBS/'notes', SITE_SRC/'notes', ignore=shutil.ignore_patterns('*.py'))   # the lab notes, not their scripts
     shutil.copy(HERE/'extra.css', SITE_SRC/'extra.css')
-    pages = lambda sub: [f'docs/{sub}/{p.name}' for p in sorted((HERE/sub).glob('*.md'))]
+    pages = lambda d, prefix: [f'{prefix}/{p.name}' for p in sorted(d.glob('*.md'))]
     config['docs_dir'] = str(SITE_SRC)
     config['nav'] = [{'Home': 'index.ipynb'}, {'Library': library}, {'Run notebooks': runs},
-                     {'Lab notes': pages('lab')}, {'API': pages('api')}]
+                     {'Lab notes': pages(NBS/'notes', 'notes')}, {'API': pages(HERE/'api', 'docs/api')}]
     return config
 
 def _toc_tokens(content:str) -> list[dict]:

@@ -1,11 +1,11 @@
 """Training next to other work, measured: tokens/s of `tiny`'s real training step (fp32, batch 4 x 128) with and
 without a competing busy process, for the thread choices below; rounds interleaved, medians reported.
 
-    python nbs/docs/lab/cpu_threads.py [--rounds 3] [--secs 15] [--json out.json]
+    python nbs/notes/cpu_threads.py [--rounds 3] [--secs 15] [--json out.json]
 
 Each trial is a fresh process (OpenMP reads OMP_WAIT_POLICY once, when torch loads) that trains for `--secs` seconds
 after two warm-up steps; the competitor is `python -c 'while True: pass'`, started just before the trial and killed
-after it. Results: docs/lab/cpu-threads.md."""
+after it. Results: nbs/notes/cpu-threads.md."""
 import argparse, itertools, json, os, statistics, subprocess, sys, time
 
 CONFIGS = {'before: a thread per core': dict(threads='all'),
