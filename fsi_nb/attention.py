@@ -10,7 +10,8 @@ from .layers import RMSNorm, apply_rope, rope_cache, expand_kv, masked_attention
 from .helix import helix_attention, HelixCache
 
 # %% auto #0
-__all__ = ['local_attention', 'byte_structure_tables', 'token_structure', 'struct_attention', 'AttentionState', 'HybridAttention']
+__all__ = ['local_attention', 'byte_structure_tables', 'token_structure', 'anchor_keys', 'struct_attention', 'AttentionState',
+           'HybridAttention']
 
 # %% ../nbs/06_attention.ipynb #04eafd65
 def _band_mask(n_q, n_k, offset, window_size, device):
@@ -67,23 +68,33 @@ def _last_anchors(anchor, # (B, T) bool
     number = count[..., None] - S + torch.arange(S, device=anchor.device)   # (B, ..., S) anchor numbers to read
     return order.gather(1, number.clamp(min=0).reshape(B, -1)), number >= 0
 
-def struct_attention(q, k, v, # (B, H, T, D), RoPE'd and QK-normed, GQA already expanded
-                     depth, anchor, # (B, T) float depth and bool anchor flags from `token_structure`
-                     depth_weight, # (H,) learned a_h: the penalty per unit of depth distance is softplus(a_h)
-                     struct_lines:int) -> torch.Tensor:
-    "Each query attends to itself and its last `struct_lines` anchors, with a depth-distance penalty."
-    B, H, T, D = q.shape
+def anchor_keys(depth, anchor, # (B, T) float depth and bool anchor flags from `token_structure`
+                struct_lines:int) -> tuple:
+    "`(key_pos, dist, invalid)`: each query's last `struct_lines` anchors (B, T*S), their depth distance and which are missing (B, T, S)."
+    B, T = anchor.shape
     S = struct_lines
     n_before = anchor.long().cumsum(1) - anchor.long()                       # anchors strictly before t
     key_pos, valid = _last_anchors(anchor, n_before, S)                     # (B, T*S), (B, T, S)
+    dist = (depth[..., None] - depth.gather(1, key_pos).view(B, T, S)).abs()
+    return key_pos, dist, ~valid
+
+def struct_attention(q, k, v, # (B, H, T, D), RoPE'd and QK-normed, GQA already expanded
+                     depth, anchor, # (B, T) float depth and bool anchor flags from `token_structure`
+                     depth_weight, # (H,) learned a_h: the penalty per unit of depth distance is softplus(a_h)
+                     struct_lines:int,
+                     anchors:tuple|None=None, # `anchor_keys(depth, anchor, struct_lines)`, shared by every layer; None: made here
+                    ) -> torch.Tensor:
+    "Each query attends to itself and its last `struct_lines` anchors, with a depth-distance penalty."
+    B, H, T, D = q.shape
+    S = struct_lines
+    key_pos, dist, invalid = anchor_keys(depth, anchor, S) if anchors is None else anchors
     idx = key_pos[:, None, :, None].expand(B, H, T * S, D)
     ka, va = k.gather(2, idx).view(B, H, T, S, D), v.gather(2, idx).view(B, H, T, S, D)
     scale = 1 / math.sqrt(D)
     s_self = (q * k).sum(-1, keepdim=True) * scale                           # (B, H, T, 1)
     s_anchor = (ka @ q[..., None]).squeeze(-1) * scale                       # (B, H, T, S)
-    dist = (depth[..., None] - depth.gather(1, key_pos).view(B, T, S)).abs()
     s_anchor = s_anchor - F.softplus(depth_weight).view(1, H, 1, 1) * dist[:, None]
-    s_anchor = s_anchor.masked_fill(~valid[:, None], float('-inf'))
+    s_anchor = s_anchor.masked_fill(invalid[:, None], float('-inf'))
     p = torch.cat([s_self, s_anchor], -1).float().softmax(-1).to(v.dtype)
     return p[..., :1] * v + (p[..., None, 1:] @ va).squeeze(-2)
 
@@ -126,11 +137,23 @@ class HybridAttention(nn.Module):
         self.kv_range = {n: (lo // rep, -(-hi // rep)) if hi > lo else (0, 0) for n, (lo, hi) in self.head_range.items()}
 
     def _qkv(self, x, cos, sin):
+        "q (B, n_heads, T, D), k and v (B, kv_heads, T, D): one matmul, one RMSNorm for q and k, one RoPE."
         B, T, _ = x.shape
-        q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
-        return apply_rope(self.q_norm(q), cos, sin), apply_rope(self.k_norm(k), cos, sin), v
+        H, KV, D = self.n_heads, self.kv_heads, self.head_dim
+        # wq, wk and wv stay three parameters (the checkpoint's keys); their rows side by side make one matmul
+        qkv = F.linear(x, torch.cat([self.wq.weight, self.wk.weight, self.wv.weight])).view(B, T, H + 2 * KV, D)
+        # q's and k's QK-Norm as one: the shared normalisation (RMSNorm's own math, fp32), then each head's gain
+        gain = torch.cat([self.q_norm.weight.expand(H, D), self.k_norm.weight.expand(KV, D)])
+        qk, v = qkv.split([H + KV, KV], 2)   # split, not slices: its backward is one cat, a slice's a zero-filled copy each
+        qk = (F.rms_norm(qk.float(), (D,), None, self.q_norm.eps) * gain.float())
+        qk = apply_rope(qk.to(torch.promote_types(qkv.dtype, gain.dtype)).transpose(1, 2), cos, sin)  # (B, H+KV, T, D)
+        q, k = qk.split([H, KV], 1)
+        return q, k, v.transpose(1, 2)
+
+    def _all_heads(self, x): # (B, kv_heads, T, D) -> (B, n_heads, T, D)
+        "The keys or values each query head reads (query head h: kv head h // (n_heads // kv_heads)), one copy."
+        B, KV, T, D = x.shape
+        return x[:, :, None].expand(B, KV, self.n_heads // KV, T, D).reshape(B, self.n_heads, T, D)
 
     def _kind(self, q, k, v, name):
         lo, hi = self.head_range[name]
@@ -140,18 +163,21 @@ class HybridAttention(nn.Module):
                 depth, anchor, # (B, T) from `token_structure`
                 rope, # (cos, sin), each (T, head_dim/2)
                 state:AttentionState|None=None, # a fresh state to leave the sequence's generation state in (prefill)
+                anchors:tuple|None=None, # `anchor_keys(depth, anchor, struct_lines)`: the model makes it once for all layers
                ) -> torch.Tensor:
         "The parallel (training) form; with `state`, also a prompt prefill for generation."
         B, T, _ = x.shape
         q, k, v = self._qkv(x, *rope)
         if state is not None: self._fill_state(k, v, depth, anchor, state)
+        # every query head's kv head in one expand (GQA), then each of q, k, v cut into the kinds by one split: its
+        # backward is one cat, where a slice per kind costs a zero-filled copy and an add each
+        sizes = [hi - lo for lo, hi in self.head_range.values()]
+        (ql, qs, qg), (kl, ks, kg), (vl, vs, vg) = (x.split(sizes, 1) for x in (q, self._all_heads(k), self._all_heads(v)))
         out = []
-        if self.local_heads: out.append(local_attention(*self._kind(q, k, v, 'local'), self.window_size))
-        if self.struct_heads:
-            out.append(struct_attention(*self._kind(q, k, v, 'struct'), depth, anchor, self.struct_bias, self.struct_lines))
+        if self.local_heads: out.append(local_attention(ql, kl, vl, self.window_size))
+        if self.struct_heads: out.append(struct_attention(qs, ks, vs, depth, anchor, self.struct_bias, self.struct_lines, anchors))
         if self.global_heads:
-            g = self._kind(q, k, v, 'glob')
-            out.append(helix_attention(*g, self.window_size) if state is None else state.helix.prefill(*g))
+            out.append(helix_attention(qg, kg, vg, self.window_size) if state is None else state.helix.prefill(qg, kg, vg))
         return self.wo(torch.cat(out, 1).transpose(1, 2).reshape(B, T, -1))
 
     def _fill_state(self, k, v, depth, anchor, state):

@@ -8,7 +8,7 @@ import math, torch, torch.nn as nn, torch.nn.functional as F
 from dataclasses import dataclass, field
 from .config import FSIEdgeConfig, loss_chunk_rows
 from .layers import RMSNorm, SwiGLU, rope_cache, rope_at
-from .attention import HybridAttention, AttentionState, byte_structure_tables, token_structure
+from .attention import HybridAttention, AttentionState, byte_structure_tables, token_structure, anchor_keys
 from .moe import MoEFFN
 from torch.utils.checkpoint import checkpoint
 _all_ = ['FSIEdgeConfig']   # re-exported: `from fsi_nb.model import FSIEdgeConfig, FSIEdgeModel` as in the seeds
@@ -32,8 +32,8 @@ class Block(nn.Module):
         if isinstance(self.ffn, MoEFFN): return self.ffn(self.ffn_norm(x))
         return self.ffn(self.ffn_norm(x)), None, None
 
-    def forward(self, x, depth, anchor, rope, state=None):
-        x = x + self.drop(self.attn(self.attn_norm(x), depth, anchor, rope, state))
+    def forward(self, x, depth, anchor, rope, state=None, anchors=None): # anchors: `anchor_keys`, shared by all layers
+        x = x + self.drop(self.attn(self.attn_norm(x), depth, anchor, rope, state, anchors))
         y, aux, routing = self._ffn(x)
         return x + self.drop(y), aux, routing
 
@@ -221,8 +221,10 @@ class FSIEdgeModel(nn.Module):
         rope = self._rope(T, input_ids.device)
         x = self.drop(self.tok_embeddings(input_ids))
         auxes, routing = [], []
+        # the struct heads' anchors depend on the tokens alone: found once for every layer
+        anchors = anchor_keys(depth, anchor, self.cfg.struct_lines) if self.cfg.struct_heads else None
         for block in self.layers:
-            x, aux, r = block(x, depth, anchor, rope)
+            x, aux, r = block(x, depth, anchor, rope, anchors=anchors)
             if aux is not None: auxes.append(aux); routing.append(r)
         x = self.norm(x)
         out = ModelOutput()

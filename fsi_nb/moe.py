@@ -54,6 +54,15 @@ def _place_slices(counts, padded, token, dest, gates):
     place = lambda t: t.new_zeros((sum(padded),) + t.shape[1:]).index_copy(0, pos, t)
     return padded_t, place(token), place(dest), place(gates)
 
+def _static_layout(expert, counts, token, dest, gates, rows): # expert: each sorted pair's expert
+    """`(rows, token, dest, gates)` with every expert's slice padded to `rows` (a static capacity: `N`, as no token
+    picks an expert twice), computed from device tensors alone: no host sync, fixed shapes, so it compiles whole.
+    The extra rows point at token 0 with gate 0: they add exactly nothing."""
+    start = counts.cumsum(0) - counts
+    pos = expert * rows + torch.arange(token.shape[0], device=token.device) - start[expert]   # row in the padded layout
+    place = lambda t: t.new_zeros((counts.shape[0] * rows,) + t.shape[1:]).index_copy(0, pos, t)
+    return rows, place(token), place(dest), place(gates)
+
 def _stable_size(c): return c if c < 32 else -(-c // (g := 1 << (c.bit_length() - 5))) * g  # <= 5 significant bits
 
 @torch.compiler.disable
@@ -160,13 +169,16 @@ class MoEFFN(nn.Module):
         token = order // k                                         # each sorted pair's token
         dest = expert[order] // (self.n_routed // p) * n + token   # ... and its output row: population-major
         counts = expert.new_zeros(self.n_routed).index_add_(0, expert, torch.ones_like(expert))  # pairs per expert (static shape, unlike bincount)
-        grouped = self.dispatch == 'grouped' or (self.dispatch == 'auto' and self._can_group and dtype == torch.bfloat16
-                                                 and (x.is_cuda or not torch.compiler.is_compiling()))
+        compiling = torch.compiler.is_compiling()
+        grouped = self.dispatch == 'grouped' or (self.dispatch == 'auto' and self._can_group and dtype == torch.bfloat16)
         w13 = self.routed_w13.to(dtype)  # (n_routed, d_model, 2*expert_d_ff)
         # the populations' outputs stay apart, one contiguous (N, d) block each, for the orthogonality term
         y_pop = torch.zeros(p * n, d, device=x.device, dtype=dtype)
         experts, sized, gate = _experts_grouped if grouped else _experts_loop, counts, gates.reshape(-1, 1)[order].to(dtype)
-        if x.device.type == 'cpu' and dtype == torch.bfloat16 and not torch.compiler.is_compiling():  # eager oneDNN: few shapes
+        if compiling and not grouped and x.device.type == 'cpu':  # the loop's host sync would break the graph: a static capacity
+            # instead (n_routed/top_k times the expert work; a GPU compiles fp32 with the loop's graph break rather than pay that)
+            experts, (sized, token, dest, gate) = _experts_bmm, _static_layout(expert[order], counts, token, dest, gate, n)
+        elif x.device.type == 'cpu' and dtype == torch.bfloat16 and not compiling:  # eager oneDNN: few shapes
             if grouped: experts, sized, token, dest, gate = _padded_layout(counts, token, dest, gate)
             else: sized, token, dest, gate = _stable_sizes(counts, token, dest, gate)
         y_pop = experts(hc.index_select(0, token), dest, gate, sized, w13, self.routed_w2.to(dtype), y_pop).view(p, n, d)
@@ -176,7 +188,7 @@ class MoEFFN(nn.Module):
 
         aux = dict(z_loss=torch.logsumexp(logits, dim=-1).square().mean(), orthogonality=overlap)
         self._count_load(counts)
-        return y.to(x.dtype).view(shape), aux, self._routing_stats(counts, aux['orthogonality'])
+        return y.to(x.dtype).view(shape), aux, self._routing_stats(counts, aux['orthogonality'], n * k)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # checkpoints from before W1|W3 were stored side by side: (n, d, f) halves, shared experts stacked (n, ., .)
@@ -196,10 +208,11 @@ class MoEFFN(nn.Module):
             self.expert_load.add_(counts.float())
 
     @torch.no_grad()
-    def _routing_stats(self, counts, overlap):
-        load = counts.float() / counts.sum().clamp_min(1)
+    def _routing_stats(self, counts, overlap, pairs:int): # pairs: counts.sum(), known on the host (tokens * top_k)
+        load = counts / max(pairs, 1)   # the same float division as counts.float() / counts.sum(), two operators fewer
+        min_load, max_load = torch.aminmax(load)
         entropy = -torch.special.xlogy(load, load).sum() / math.log(self.n_routed) if self.n_routed > 1 else load.sum()
-        return dict(load=load, entropy=entropy, max_load=load.max(), min_load=load.min(), dead_experts=(counts == 0).sum(),
+        return dict(load=load, entropy=entropy, max_load=max_load, min_load=min_load, dead_experts=(counts == 0).sum(),
                     bias_abs_mean=self.router_bias.abs().mean(), population_overlap=overlap.detach())
 
     @torch.no_grad()

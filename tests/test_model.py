@@ -1,5 +1,6 @@
 "Heavier proofs for fsi_nb.layers / attention / model than a notebook cell should hold."
 import math, pytest, torch, torch.nn.functional as F
+from dataclasses import replace
 from fsi_nb.config import FSIEdgeConfig, PRESETS, get_preset
 from fsi_nb.attention import (HybridAttention, local_attention, struct_attention, token_structure,
                               byte_structure_tables, _code_like_ids)
@@ -154,7 +155,7 @@ def test_compile_matches_eager(moe):
     m = make(small_cfg(moe, n_layers=1)).train()
     ids = _code_like_ids(2, 64, 512, seed=6)
     eager = m(ids, labels=ids, return_logits=False)
-    compiled = torch.compile(m)
+    compiled = torch.compile(m, fullgraph=True)   # fullgraph: any graph break (a host sync, a disabled function) fails
     out = compiled(ids, labels=ids, return_logits=False)
     torch.testing.assert_close(out.loss, eager.loss, rtol=1e-4, atol=1e-4)
     out.loss.backward()
@@ -166,6 +167,19 @@ def test_compile_matches_eager(moe):
     keys = list(unwrap(compiled).state_dict())
     assert keys == list(m.state_dict()) and not any('_orig_mod' in k for k in keys)
     fresh = FSIEdgeModel(m.cfg); fresh.load_state_dict(unwrap(compiled).state_dict())
+
+@pytest.mark.parametrize('moe', [False, True], ids=['dense', 'moe'])
+def test_tiny_preset_step_has_no_graph_break(moe):
+    "The tiny preset's training forward (and an MoE version of it) traces as one graph: no break, no host sync."
+    torch._dynamo.reset()
+    cfg = get_preset('tiny').model
+    if moe: cfg = replace(cfg, n_routed=8, n_shared=1, top_k=2, expert_d_ff=32)
+    m = make(cfg).train()
+    ids = _code_like_ids(2, 64, 512, seed=6)
+    for autocast in (False, True):
+        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast):
+            ex = torch._dynamo.explain(lambda ids: m(ids, labels=ids, return_logits=False).loss)(ids)
+        assert (ex.graph_count, ex.graph_break_count) == (1, 0), [str(b.reason)[:200] for b in ex.break_reasons]
 
 @pytest.mark.parametrize('moe', [False, True], ids=['dense', 'moe'])
 def test_bf16_autocast_close_to_fp32(moe):
