@@ -70,13 +70,17 @@ def _last_anchors(anchor, # (B, T) bool
 
 def anchor_keys(depth, anchor, # (B, T) float depth and bool anchor flags from `token_structure`
                 struct_lines:int) -> tuple:
-    "`(key_pos, dist, invalid)`: each query's last `struct_lines` anchors (B, T*S), their depth distance and which are missing (B, T, S)."
+    """`(key_pos, dist, invalid)`: each query's keys, itself then its last `struct_lines` anchors (B, T*(S+1)), their
+    depth distance (0 for itself) and which anchors are missing (B, T, S+1)."""
     B, T = anchor.shape
     S = struct_lines
     n_before = anchor.long().cumsum(1) - anchor.long()                       # anchors strictly before t
-    key_pos, valid = _last_anchors(anchor, n_before, S)                     # (B, T*S), (B, T, S)
-    dist = (depth[..., None] - depth.gather(1, key_pos).view(B, T, S)).abs()
-    return key_pos, dist, ~valid
+    anchors, valid = _last_anchors(anchor, n_before, S)                     # (B, T*S), (B, T, S)
+    self_pos = torch.arange(T, device=anchor.device).expand(B, T)[..., None]
+    key_pos = torch.cat([self_pos, anchors.view(B, T, S)], -1)               # (B, T, S+1): self first
+    dist = (depth[..., None] - depth.gather(1, key_pos.view(B, -1)).view(B, T, S + 1)).abs()
+    invalid = torch.cat([torch.zeros_like(valid[..., :1]), ~valid], -1)
+    return key_pos.view(B, -1), dist, invalid
 
 def struct_attention(q, k, v, # (B, H, T, D), RoPE'd and QK-normed, GQA already expanded
                      depth, anchor, # (B, T) float depth and bool anchor flags from `token_structure`
@@ -86,17 +90,16 @@ def struct_attention(q, k, v, # (B, H, T, D), RoPE'd and QK-normed, GQA already 
                     ) -> torch.Tensor:
     "Each query attends to itself and its last `struct_lines` anchors, with a depth-distance penalty."
     B, H, T, D = q.shape
-    S = struct_lines
-    key_pos, dist, invalid = anchor_keys(depth, anchor, S) if anchors is None else anchors
-    idx = key_pos[:, None, :, None].expand(B, H, T * S, D)
-    ka, va = k.gather(2, idx).view(B, H, T, S, D), v.gather(2, idx).view(B, H, T, S, D)
-    scale = 1 / math.sqrt(D)
-    s_self = (q * k).sum(-1, keepdim=True) * scale                           # (B, H, T, 1)
-    s_anchor = (ka @ q[..., None]).squeeze(-1) * scale                       # (B, H, T, S)
-    s_anchor = s_anchor - F.softplus(depth_weight).view(1, H, 1, 1) * dist[:, None]
-    s_anchor = s_anchor.masked_fill(invalid[:, None], float('-inf'))
-    p = torch.cat([s_self, s_anchor], -1).float().softmax(-1).to(v.dtype)
-    return p[..., :1] * v + (p[..., None, 1:] @ va).squeeze(-2)
+    S1 = struct_lines + 1
+    key_pos, dist, invalid = anchor_keys(depth, anchor, struct_lines) if anchors is None else anchors
+    # the query's own key is gathered with its anchors: autograd then keeps only the gathered keys and values, never
+    # k and v themselves (views of every head's GQA copy, which would keep that whole copy alive for the backward)
+    idx = key_pos[:, None, :, None].expand(B, H, T * S1, D)
+    ka, va = k.gather(2, idx).view(B, H, T, S1, D), v.gather(2, idx).view(B, H, T, S1, D)
+    s = (ka @ q[..., None]).squeeze(-1) * (1 / math.sqrt(D))                # (B, H, T, S+1)
+    s = s - F.softplus(depth_weight).view(1, H, 1, 1) * dist[:, None]
+    p = s.masked_fill(invalid[:, None], float('-inf')).float().softmax(-1).to(v.dtype)
+    return (p[..., None, :] @ va).squeeze(-2)
 
 # %% ../nbs/06_attention.ipynb #2646fa82
 class AttentionState:

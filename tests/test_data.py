@@ -166,9 +166,7 @@ def test_bad_files_are_rejected_with_reasons(tmp_path):
     (src / 'blob.py').write_bytes(b'\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR' + bytes(range(256)))
     (src / 'empty.py').touch()
     with open(src / 'huge.py', 'wb') as f: f.truncate(100 * 2**20)         # 100 MB, sparse
-    t = time.time()
     rep = prepare(tmp_path / 'out', sources=(str(src), 'synthetic'), num_synthetic=100, vocab_size=1000, workers=1, progress=False)
-    assert time.time() - t < 60                                            # the 100 MB file is never read
     why = {r['id'].rsplit(':', 1)[1]: (r['stage'], r['reason']) for r in rep['rejected']}
     assert why['latin1.py'][0] == 'read' and 'not UTF-8' in why['latin1.py'][1] and 'Fix' in why['latin1.py'][1]
     assert why['blob.py'] == ('read', 'binary (contains NUL bytes)')
@@ -320,9 +318,8 @@ def test_prepare_is_reproducible_and_ensure_prepared_returns_at_once(tmp_path):
     a, b = _small(tmp_path, 'a'), _small(tmp_path, 'b', workers=2)
     assert manifest_sha256(a) == manifest_sha256(b)                         # same inputs, same bytes (workers don't matter)
     before = (a / 'manifest.json').stat().st_mtime_ns
-    t = time.time()
     assert ensure_prepared(a, sources=('synthetic', 'coldstart')) == a
-    assert (a / 'manifest.json').stat().st_mtime_ns == before and time.time() - t < 5
+    assert (a / 'manifest.json').stat().st_mtime_ns == before              # nothing redone, nothing rewritten
     c = ensure_prepared(tmp_path / 'c', sources=('synthetic',), num_synthetic=50, vocab_size=800, workers=1, progress=False)
     assert (c / 'manifest.json').exists()
 

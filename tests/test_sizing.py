@@ -125,11 +125,10 @@ def test_gpu_peaks_are_datasheet_dense_bf16():
     for g in GPU_PEAKS: assert 'datasheet' in GPU_PEAKS[g]['source']
 
 
-def test_cpu_peak_probe_is_quick_and_cached(tmp_path):
-    import time, torch
-    t = time.perf_counter()
+def test_cpu_peak_probe_is_cached(tmp_path):
+    import torch
     m = measure_cpu_peak(seconds=0.5, cache_dir=tmp_path)
-    assert time.perf_counter() - t < 2.5 and not m['cached']
+    assert not m['cached'] and m['fp32'] > 0 and m['bf16'] > 0
     assert torch.__version__ in m['key'] and f"{torch.get_num_threads()} threads" in m['key']
     cache = json.loads((tmp_path / 'cpu_peak.json').read_text())
     assert set(cache) == {m['key']} and cache[m['key']]['fp32'] == m['fp32']
