@@ -82,6 +82,20 @@ def anchor_keys(depth, anchor, # (B, T) float depth and bool anchor flags from `
     invalid = torch.cat([torch.zeros_like(valid[..., :1]), ~valid], -1)
     return key_pos.view(B, -1), dist, invalid
 
+class _GatherKeys(torch.autograd.Function):
+    """`k.gather(2, idx), v.gather(2, idx)`, saving only `idx`: autograd's own gather saves its input for the backward
+    (for its shape alone), and k and v are views of every head's GQA copy, whose whole storage that would keep."""
+    @staticmethod
+    def forward(ctx, k, v, idx):
+        ctx.save_for_backward(idx)
+        ctx.shapes = k.shape, v.shape
+        return k.gather(2, idx), v.gather(2, idx)
+
+    @staticmethod
+    def backward(ctx, grad_k, grad_v):
+        idx, = ctx.saved_tensors
+        return (*(g.new_zeros(shape).scatter_add_(2, idx, g) for g, shape in zip((grad_k, grad_v), ctx.shapes)), None)
+
 def struct_attention(q, k, v, # (B, H, T, D), RoPE'd and QK-normed, GQA already expanded
                      depth, anchor, # (B, T) float depth and bool anchor flags from `token_structure`
                      depth_weight, # (H,) learned a_h: the penalty per unit of depth distance is softplus(a_h)
@@ -92,10 +106,10 @@ def struct_attention(q, k, v, # (B, H, T, D), RoPE'd and QK-normed, GQA already 
     B, H, T, D = q.shape
     S1 = struct_lines + 1
     key_pos, dist, invalid = anchor_keys(depth, anchor, struct_lines) if anchors is None else anchors
-    # the query's own key is gathered with its anchors: autograd then keeps only the gathered keys and values, never
-    # k and v themselves (views of every head's GQA copy, which would keep that whole copy alive for the backward)
+    # the query's own key is gathered with its anchors (no separate self score), and the backward keeps only the
+    # gathered keys and values, never k and v themselves
     idx = key_pos[:, None, :, None].expand(B, H, T * S1, D)
-    ka, va = k.gather(2, idx).view(B, H, T, S1, D), v.gather(2, idx).view(B, H, T, S1, D)
+    ka, va = (x.view(B, H, T, S1, D) for x in _GatherKeys.apply(k, v, idx))
     s = (ka @ q[..., None]).squeeze(-1) * (1 / math.sqrt(D))                # (B, H, T, S+1)
     s = s - F.softplus(depth_weight).view(1, H, 1, 1) * dist[:, None]
     p = s.masked_fill(invalid[:, None], float('-inf')).float().softmax(-1).to(v.dtype)
