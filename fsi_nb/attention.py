@@ -4,7 +4,7 @@
 
 # %% ../nbs/06_attention.ipynb #55817010
 from __future__ import annotations
-import math, torch, torch.nn as nn, torch.nn.functional as F
+import functools, math, torch, torch.nn as nn, torch.nn.functional as F
 from .config import FSIEdgeConfig
 from .layers import RMSNorm, apply_rope, rope_cache, expand_kv, masked_attention
 from .helix import helix_attention, HelixCache
@@ -19,20 +19,31 @@ def _band_mask(n_q, n_k, offset, window_size, device):
     d = torch.arange(n_q, device=device)[:, None] + offset - torch.arange(n_k, device=device)[None]
     return (d >= 0) & (d < window_size)
 
+def _local_mask(T, W, device):
+    "The band (T <= 2W: (T, T)), or each block of W queries' band over its previous block and itself (nb, W, 2W)."
+    if T <= 2 * W: return _band_mask(T, T, 0, W, device)
+    mask = _band_mask(W, 2 * W, W, W, device).expand(-(-T // W), W, 2 * W).clone()
+    mask[0, :, :W] = False  # block 0 has no previous block (those keys are padding)
+    return mask
+
+@functools.lru_cache(maxsize=64)
+def _cached_local_mask(*args):   # made once per shape, not once per layer and step
+    with torch.inference_mode(False), torch.no_grad(): return _local_mask(*args)
+
 def local_attention(q, k, v, # (B, H, T, D), RoPE'd and QK-normed, GQA already expanded
                     window_size:int) -> torch.Tensor:
     "Causal sliding-window attention: query t sees keys t-window_size+1..t. Linear in T."
     B, H, T, D = q.shape
     W = window_size
-    if T <= 2 * W: return masked_attention(q, k, v, _band_mask(T, T, 0, W, q.device))
+    mask = (_local_mask if torch.compiler.is_compiling() else _cached_local_mask)(T, W, q.device)
+    if T <= 2 * W: return masked_attention(q, k, v, mask)
     nb = -(-T // W)  # blocks of W queries
     pad = nb * W - T
     qb = F.pad(q, (0, 0, 0, pad)).reshape(B * H, nb, W, D)
     def two_blocks(x):  # (B, H, T, D) -> (B*H, nb, 2W, D): the previous block and this one
-        xp = F.pad(x, (0, 0, W, pad))
-        return torch.cat([xp[:, :, :-W].reshape(B * H, nb, W, D), xp[:, :, W:].reshape(B * H, nb, W, D)], dim=2)
-    mask = _band_mask(W, 2 * W, W, W, q.device).expand(nb, W, 2 * W).clone()
-    mask[0, :, :W] = False  # block 0 has no previous block (those keys are padding)
+        # overlapping windows of the padded sequence (a view), then one copy; its backward is one fold, not a cat's
+        # and two slices' zero-filled copies
+        return F.pad(x, (0, 0, W, pad)).unfold(2, 2 * W, W).transpose(-1, -2).reshape(B * H, nb, 2 * W, D)
     out = masked_attention(qb, two_blocks(k), two_blocks(v), mask)
     return out.reshape(B, H, nb * W, D)[:, :, :T]
 
