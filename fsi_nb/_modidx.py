@@ -750,6 +750,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                               'fsi_nb.train._guard_run_dir': ('train.html#_guard_run_dir', 'fsi_nb/train.py'),
                               'fsi_nb.train._objective_spec': ('train.html#_objective_spec', 'fsi_nb/train.py'),
                               'fsi_nb.train._run_info': ('train.html#_run_info', 'fsi_nb/train.py'),
+                              'fsi_nb.train._setup_process': ('train.html#_setup_process', 'fsi_nb/train.py'),
                               'fsi_nb.train._train_under_torchrun': ('train.html#_train_under_torchrun', 'fsi_nb/train.py'),
                               'fsi_nb.train._value': ('train.html#_value', 'fsi_nb/train.py'),
                               'fsi_nb.train._zero_expert_load': ('train.html#_zero_expert_load', 'fsi_nb/train.py'),

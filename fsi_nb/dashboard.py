@@ -225,6 +225,7 @@ class Dashboard:
             for p in paths: display(Image(filename=str(p)))
         return paths
 
+# %% ../nbs/10_dashboard.ipynb #9542921a
 def _watch_step(dash:Dashboard, tail:LogTail, run:Path) -> bool:
     "One poll of a watched run: draw what is new; True once the run has stopped (it says so, or its process is gone)."
     st = read_json(run/'status.json')       # status before log: lines written before 'finished' are read below

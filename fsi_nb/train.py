@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np, torch
 from tqdm import tqdm
+from fastcore.basics import patch
 
 from .config import TrainConfig, Settings, config_to_dict, load_settings
 from .tokenizer import load_tokenizer, structure_tables
@@ -266,6 +267,27 @@ class TrainState:
     @property
     def avg_loss(self): return sum(self.loss_window) / len(self.loss_window) if self.loss_window else None
 
+# %% ../nbs/09_train.ipynb #01ecf12d
+def _setup_process(spec:RunSpec, ranks:Ranks, progress:bool):
+    "This process's threads and backends, then the run's data (prepared if missing), verified: `(share, tok_sha, man_sha)`."
+    dev, data_dir = spec.device, spec.data_dir
+    # threads = 0: as many threads as the cores other programs leave free, re-checked while training (`CPUShare`);
+    # under torchrun a node's ranks share its cores, a fixed share each
+    share = CPUShare() if dev.type == 'cpu' and not spec.settings.threads and ranks.local_world == 1 else None
+    if share is None: torch.set_num_threads(spec.settings.threads or max(1, os.cpu_count() // ranks.local_world))
+    if dev.type == 'cpu': tune_cpu_allocator()   # reuse freed memory: no page faults on every step's tensors
+    os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')   # forked workers + tokenizer threads deadlock
+    if dev.type == 'cuda': torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    if not (data_dir/'manifest.json').exists():   # prepare once (rank 0; the others wait); the objective verifies the shards either way
+        if ranks.main: ensure_prepared(data_dir, sources=spec.settings.corpus_sources, extra_code=spec.settings.extra_code, progress=progress)
+        ranks.barrier()
+    manifest = verify_manifest(data_dir)          # the shard hashes, once
+    tok_sha, man_sha = manifest['tokenizer_sha256'], manifest_sha256(data_dir)
+    if manifest['vocab_size'] > spec.model.vocab_size:
+        raise ValueError(f"the tokenizer in {data_dir} has {manifest['vocab_size']} tokens but the model's vocab_size is "
+                         f"{spec.model.vocab_size}. Fix: vocab_size={manifest['vocab_size']} (or larger), or prepare with a smaller vocabulary.")
+    return share, tok_sha, man_sha
+
 # %% ../nbs/09_train.ipynb #cd6a86c3
 def train(preset:str='tiny',          # a name in `fsi_nb.config.PRESETS`
           run_name:str|None=None,     # folder under runs_dir; None: the preset's name
@@ -285,22 +307,8 @@ def train(preset:str='tiny',          # a name in `fsi_nb.config.PRESETS`
     spec.device = ranks.device                    # under torchrun on GPUs: this rank's own
     run_dir, ckpt_dir, log_path, dev = spec.run_dir, spec.run_dir/'checkpoints', spec.run_dir/'log.jsonl', spec.device
     _guard_run_dir(spec, resume, ranks.main)
-    # threads = 0: as many threads as the cores other programs leave free, re-checked while training (`CPUShare`);
-    # under torchrun a node's ranks share its cores, a fixed share each
-    share = CPUShare() if dev.type == 'cpu' and not spec.settings.threads and ranks.local_world == 1 else None
-    if share is None: torch.set_num_threads(spec.settings.threads or max(1, os.cpu_count() // ranks.local_world))
-    if dev.type == 'cpu': tune_cpu_allocator()   # reuse freed memory: no page faults on every step's tensors
-    os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')   # forked workers + tokenizer threads deadlock
-    if dev.type == 'cuda': torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    share, tok_sha, man_sha = _setup_process(spec, ranks, progress)
     data_dir = spec.data_dir
-    if not (data_dir/'manifest.json').exists():   # prepare once (rank 0; the others wait); the objective verifies the shards either way
-        if ranks.main: ensure_prepared(data_dir, sources=spec.settings.corpus_sources, extra_code=spec.settings.extra_code, progress=progress)
-        ranks.barrier()
-    manifest = verify_manifest(data_dir)          # the shard hashes, once
-    tok_sha, man_sha = manifest['tokenizer_sha256'], manifest_sha256(data_dir)
-    if manifest['vocab_size'] > spec.model.vocab_size:
-        raise ValueError(f"the tokenizer in {data_dir} has {manifest['vocab_size']} tokens but the model's vocab_size is "
-                         f"{spec.model.vocab_size}. Fix: vocab_size={manifest['vocab_size']} (or larger), or prepare with a smaller vocabulary.")
     objective = make_objective(_objective_spec(spec, ranks), data_dir)
     if ranks.world > 1 and spec.model.is_moe and isinstance(objective, (GRPO, DPO)):
         raise ValueError(f"{spec.train.stage} samples from the model, which the ranks of a sharded (FSDP2) MoE model cannot do apart. "
@@ -355,6 +363,7 @@ def train(preset:str='tiny',          # a name in `fsi_nb.config.PRESETS`
         del loop, model; gc.collect()
     return result
 
+# %% ../nbs/09_train.ipynb #ee834730
 def _objective_spec(spec:RunSpec, ranks:Ranks) -> RunSpec:
     "The run as the objective sees it: one step is `grad_accum x world` micro-batches (SFT and DPO number their records by them)."
     return spec if ranks.world == 1 else replace(spec, train=replace(spec.train, grad_accum=spec.train.grad_accum * ranks.world))
@@ -446,93 +455,102 @@ class _Loop:
             if self.best_pending: self._save(best=True)
         self.timings['total'] = time.perf_counter() - self.t_start
 
-    def _state(self) -> dict:
-        "The checkpoint's contents (every rank takes part: FSDP2 gathers the full state to rank 0, each rank sends its RNG state)."
-        t, st, ranks = self.t, self.st, self.ranks
-        rngs = ranks.gather(rng_state())
-        return dict(format='fsi_nb.checkpoint/2', step=st.step, loss=st.loss, model=full_model_state(self.model),
-                    optimizer=full_optimizer_state(self.model, self.opt), scheduler=self.sched.state_dict(),
-                    config=dict(model=config_to_dict(self.spec.model), train=config_to_dict(t)),
-                    args=dict(preset=self.spec.preset, run_name=self.spec.run_name, smoke=self.spec.smoke, overrides=self.info['overrides']),
-                    rng=rngs[0], token_offset=st.tokens, data=dict(seed=t.seed, stage=t.stage, step=st.step, token_offset=st.tokens),
-                    objective=self.info['objective'], init_from=self.info['init_from'],
-                    tokenizer_sha256=self.info['data']['tokenizer_sha256'], manifest_sha256=self.info['data']['manifest_sha256'],
-                    train_state=dict(vars(st), elapsed_seconds=self._elapsed()), torch_version=str(torch.__version__),
-                    git_commit=self.info['git_commit'], world_size=ranks.world, **(dict(rng_ranks=rngs) if ranks.world > 1 else {}))
+# %% ../nbs/09_train.ipynb #42d4eb3b
+@patch
+def _state(self:_Loop) -> dict:
+    "The checkpoint's contents (every rank takes part: FSDP2 gathers the full state to rank 0, each rank sends its RNG state)."
+    t, st, ranks = self.t, self.st, self.ranks
+    rngs = ranks.gather(rng_state())
+    return dict(format='fsi_nb.checkpoint/2', step=st.step, loss=st.loss, model=full_model_state(self.model),
+                optimizer=full_optimizer_state(self.model, self.opt), scheduler=self.sched.state_dict(),
+                config=dict(model=config_to_dict(self.spec.model), train=config_to_dict(t)),
+                args=dict(preset=self.spec.preset, run_name=self.spec.run_name, smoke=self.spec.smoke, overrides=self.info['overrides']),
+                rng=rngs[0], token_offset=st.tokens, data=dict(seed=t.seed, stage=t.stage, step=st.step, token_offset=st.tokens),
+                objective=self.info['objective'], init_from=self.info['init_from'],
+                tokenizer_sha256=self.info['data']['tokenizer_sha256'], manifest_sha256=self.info['data']['manifest_sha256'],
+                train_state=dict(vars(st), elapsed_seconds=self._elapsed()), torch_version=str(torch.__version__),
+                git_commit=self.info['git_commit'], world_size=ranks.world, **(dict(rng_ranks=rngs) if ranks.world > 1 else {}))
 
-    def _elapsed(self): return self.st.elapsed_seconds + time.perf_counter() - self.t_start
+@patch
+def _elapsed(self:_Loop): return self.st.elapsed_seconds + time.perf_counter() - self.t_start
 
-    def _save(self, best:bool=False) -> float:
-        t0 = time.perf_counter()
-        d, keep = (self.run_dir/'best', 1) if best else (self.run_dir/'checkpoints', self.t.keep_checkpoints)
-        check_replicas(self.model, self.ranks)   # under torchrun: the ranks' router biases still agree
-        state, path, failed = self._state(), checkpoint_path(d, self.st.step), None
-        if self.ranks.main:   # rank 0 writes; the others learn whether it could, and stop with it if not
-            try: path = save_checkpoint(state, d, self.st.step, keep=keep, keep_every=0 if best else self.t.keep_every)
-            except CheckpointError as e: failed = e
-        if self.ranks.max(failed is not None)[0]:
-            raise failed or CheckpointError(f'rank 0 could not write checkpoint {path} (its message says why)')
-        if best: self.best_pending = False
-        else: self.checkpoint, self.saved_step = path, self.st.step
-        dt = time.perf_counter() - t0; self.timings['checkpoint'] += dt
-        return dt
+@patch
+def _save(self:_Loop, best:bool=False) -> float:
+    t0 = time.perf_counter()
+    d, keep = (self.run_dir/'best', 1) if best else (self.run_dir/'checkpoints', self.t.keep_checkpoints)
+    check_replicas(self.model, self.ranks)   # under torchrun: the ranks' router biases still agree
+    state, path, failed = self._state(), checkpoint_path(d, self.st.step), None
+    if self.ranks.main:   # rank 0 writes; the others learn whether it could, and stop with it if not
+        try: path = save_checkpoint(state, d, self.st.step, keep=keep, keep_every=0 if best else self.t.keep_every)
+        except CheckpointError as e: failed = e
+    if self.ranks.max(failed is not None)[0]:
+        raise failed or CheckpointError(f'rank 0 could not write checkpoint {path} (its message says why)')
+    if best: self.best_pending = False
+    else: self.checkpoint, self.saved_step = path, self.st.step
+    dt = time.perf_counter() - t0; self.timings['checkpoint'] += dt
+    return dt
 
-    def _validate(self) -> dict:
-        t0, st, obj = time.perf_counter(), self.st, self.objective
-        val = self.ranks.same(obj.evaluate(unwrap(self.model)))   # every rank runs it (FSDP2 needs all); rank 0's numbers decide
-        score = val[obj.metric]
-        better = st.best is None or (score > st.best[obj.metric] if obj.higher_is_better else score < st.best[obj.metric])
-        if better and math.isfinite(score):
-            st.best, st.evals_since_best = {'step': st.step, obj.metric: score}, 0
-            st.best['checkpoint'] = str(checkpoint_path(self.run_dir/'best', st.step))
-            self.best_pending = True   # saved after this step's rolling checkpoint, which matters more
-        else: st.evals_since_best += 1
-        st.evals.append(dict(step=st.step, **val))
-        self.timings['eval'] += time.perf_counter() - t0
-        return val
+@patch
+def _validate(self:_Loop) -> dict:
+    t0, st, obj = time.perf_counter(), self.st, self.objective
+    val = self.ranks.same(obj.evaluate(unwrap(self.model)))   # every rank runs it (FSDP2 needs all); rank 0's numbers decide
+    score = val[obj.metric]
+    better = st.best is None or (score > st.best[obj.metric] if obj.higher_is_better else score < st.best[obj.metric])
+    if better and math.isfinite(score):
+        st.best, st.evals_since_best = {'step': st.step, obj.metric: score}, 0
+        st.best['checkpoint'] = str(checkpoint_path(self.run_dir/'best', st.step))
+        self.best_pending = True   # saved after this step's rolling checkpoint, which matters more
+    else: st.evals_since_best += 1
+    st.evals.append(dict(step=st.step, **val))
+    self.timings['eval'] += time.perf_counter() - t0
+    return val
 
-    def _log(self, log, r, lr, now, val):
-        t0, st, total = time.perf_counter(), self.st, self.t.max_steps
-        rec = dict(step=st.step - 1, loss=r.loss, avg_loss=st.avg_loss, lr=lr, grad_norm=r.grad_norm,
-                   tokens_per_sec=(st.tokens - self.last_log_tokens) / max(now - self.last_log, 1e-9),
-                   elapsed_hours=(st.elapsed_seconds + now - self.t_start) / 3600, tokens=st.tokens, seq_len=self._seq_len(),
-                   stage=self.t.stage, bad_steps=st.bad_steps, total_steps=total, threads=torch.get_num_threads(), time=time.time())
-        rec.update({k: v for k, v in r.metrics.items() if k != 'routing'})
-        if val: rec.update(val)
-        if self.spec.model.is_moe and r.metrics.get('routing'): rec['routing'] = routing_record(r.metrics['routing'])
-        log.write(json.dumps(json_safe(rec), allow_nan=False) + '\n'); log.flush()   # a skipped step's loss: null
-        self.last_log, self.last_log_tokens = now, st.tokens
-        if self.callback is not None:
-            try: self.callback(rec)
-            except Exception as e:   # a dashboard bug must not end a long run
-                warnings.warn(f'callback failed and is switched off: {e!r}'); self.callback = None
-        self.timings['log'] += time.perf_counter() - t0
+# %% ../nbs/09_train.ipynb #0d933a6e
+@patch
+def _log(self:_Loop, log, r, lr, now, val):
+    t0, st, total = time.perf_counter(), self.st, self.t.max_steps
+    rec = dict(step=st.step - 1, loss=r.loss, avg_loss=st.avg_loss, lr=lr, grad_norm=r.grad_norm,
+               tokens_per_sec=(st.tokens - self.last_log_tokens) / max(now - self.last_log, 1e-9),
+               elapsed_hours=(st.elapsed_seconds + now - self.t_start) / 3600, tokens=st.tokens, seq_len=self._seq_len(),
+               stage=self.t.stage, bad_steps=st.bad_steps, total_steps=total, threads=torch.get_num_threads(), time=time.time())
+    rec.update({k: v for k, v in r.metrics.items() if k != 'routing'})
+    if val: rec.update(val)
+    if self.spec.model.is_moe and r.metrics.get('routing'): rec['routing'] = routing_record(r.metrics['routing'])
+    log.write(json.dumps(json_safe(rec), allow_nan=False) + '\n'); log.flush()   # a skipped step's loss: null
+    self.last_log, self.last_log_tokens = now, st.tokens
+    if self.callback is not None:
+        try: self.callback(rec)
+        except Exception as e:   # a dashboard bug must not end a long run
+            warnings.warn(f'callback failed and is switched off: {e!r}'); self.callback = None
+    self.timings['log'] += time.perf_counter() - t0
 
-    def _seq_len(self):
-        f = getattr(self.objective, 'seq_len', None)
-        return f(self.st.step - 1) if callable(f) else self.t.seq_len
+@patch
+def _seq_len(self:_Loop):
+    f = getattr(self.objective, 'seq_len', None)
+    return f(self.st.step - 1) if callable(f) else self.t.seq_len
 
-    def result(self, skipped) -> RunResult:
-        st, t, total = self.st, self.t, self.t.max_steps
-        tps = self.session_tokens / self.timings['total'] if self.timings['total'] > 0 else 0.0
-        msg = {'finished': f'finished {st.step}/{total} steps',
-               'signal': f'stopped by {signal.Signals(self.signum).name if self.signum else "a signal"} at step {st.step}/{total}',
-               'nan': f'stopped after {t.max_bad_steps} non-finite steps in a row at step {st.step}/{total} (max_bad_steps={t.max_bad_steps}). '
-                      'Fix: resume with a lower lr (the checkpoint holds the last good weights), or look for bad data near this step',
-               'budget': f'stopped at step {st.step}/{total} to stay inside budget_hours={t.budget_hours}',
-               'early_stop': f'stopped early at step {st.step}/{total}: {t.early_stop_patience} validations without a better '
-                             f'{self.objective.metric} than step {st.best and st.best["step"]}'}[self.stopped]
-        msg += f'; checkpoint {self.checkpoint}' if self.checkpoint else ''
-        if self.ranks.main:
-            print(f'{self.spec.run_name}: {msg}. loss {st.loss if st.loss is None else round(st.loss, 4)}, '
-                  f'{tps:,.0f} tokens/s this session', file=sys.stderr)
-            write_json(self.run_dir/'status.json', dict(state=self.stopped, message=msg, step=st.step, total_steps=total, loss=st.loss,
-                       stage=t.stage, checkpoint=str(self.checkpoint) if self.checkpoint else None, best=st.best, metric=self.objective.metric,
-                       higher_is_better=self.objective.higher_is_better, evals=st.evals, tokens_per_sec=tps, ended=time.time(), pid=os.getpid(),
-                       avg_loss=st.avg_loss, tokens=st.tokens, bad_steps=st.bad_steps, timings=self.timings, signum=self.signum,
-                       resumed_from=str(self.resumed_from) if self.resumed_from else None, world_size=self.ranks.world))
-        return RunResult(self.spec.run_name, self.run_dir, st.step, total, self.stopped, msg, st.loss, st.avg_loss, st.tokens, tps,
-                         st.bad_steps, self.checkpoint, self.resumed_from, skipped, self.timings, self.signum, st.evals, st.best, unwrap(self.model))
+@patch
+def result(self:_Loop, skipped) -> RunResult:
+    st, t, total = self.st, self.t, self.t.max_steps
+    tps = self.session_tokens / self.timings['total'] if self.timings['total'] > 0 else 0.0
+    msg = {'finished': f'finished {st.step}/{total} steps',
+           'signal': f'stopped by {signal.Signals(self.signum).name if self.signum else "a signal"} at step {st.step}/{total}',
+           'nan': f'stopped after {t.max_bad_steps} non-finite steps in a row at step {st.step}/{total} (max_bad_steps={t.max_bad_steps}). '
+                  'Fix: resume with a lower lr (the checkpoint holds the last good weights), or look for bad data near this step',
+           'budget': f'stopped at step {st.step}/{total} to stay inside budget_hours={t.budget_hours}',
+           'early_stop': f'stopped early at step {st.step}/{total}: {t.early_stop_patience} validations without a better '
+                         f'{self.objective.metric} than step {st.best and st.best["step"]}'}[self.stopped]
+    msg += f'; checkpoint {self.checkpoint}' if self.checkpoint else ''
+    if self.ranks.main:
+        print(f'{self.spec.run_name}: {msg}. loss {st.loss if st.loss is None else round(st.loss, 4)}, '
+              f'{tps:,.0f} tokens/s this session', file=sys.stderr)
+        write_json(self.run_dir/'status.json', dict(state=self.stopped, message=msg, step=st.step, total_steps=total, loss=st.loss,
+                   stage=t.stage, checkpoint=str(self.checkpoint) if self.checkpoint else None, best=st.best, metric=self.objective.metric,
+                   higher_is_better=self.objective.higher_is_better, evals=st.evals, tokens_per_sec=tps, ended=time.time(), pid=os.getpid(),
+                   avg_loss=st.avg_loss, tokens=st.tokens, bad_steps=st.bad_steps, timings=self.timings, signum=self.signum,
+                   resumed_from=str(self.resumed_from) if self.resumed_from else None, world_size=self.ranks.world))
+    return RunResult(self.spec.run_name, self.run_dir, st.step, total, self.stopped, msg, st.loss, st.avg_loss, st.tokens, tps,
+                     st.bad_steps, self.checkpoint, self.resumed_from, skipped, self.timings, self.signum, st.evals, st.best, unwrap(self.model))
 
 # %% ../nbs/09_train.ipynb #9538ce87
 _EXIT = dict(finished=0, budget=0, early_stop=0, nan=3)
