@@ -31,6 +31,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'fsi_nb.attention._code_like_ids': ('attention.html#_code_like_ids', 'fsi_nb/attention.py'),
                                   'fsi_nb.attention._last_anchors': ('attention.html#_last_anchors', 'fsi_nb/attention.py'),
                                   'fsi_nb.attention._local_mask': ('attention.html#_local_mask', 'fsi_nb/attention.py'),
+                                  'fsi_nb.attention._own_storage': ('attention.html#_own_storage', 'fsi_nb/attention.py'),
                                   'fsi_nb.attention.anchor_keys': ('attention.html#anchor_keys', 'fsi_nb/attention.py'),
                                   'fsi_nb.attention.byte_structure_tables': ('attention.html#byte_structure_tables', 'fsi_nb/attention.py'),
                                   'fsi_nb.attention.local_attention': ('attention.html#local_attention', 'fsi_nb/attention.py'),

@@ -30,13 +30,20 @@ def _local_mask(T, W, device):
 def _cached_local_mask(*args):   # made once per shape, not once per layer and step
     with torch.inference_mode(False), torch.no_grad(): return _local_mask(*args)
 
+def _own_storage(x):
+    "`x`, copied if it is a view into a larger storage (which a backward saving `x` would keep whole); as is when compiling."
+    big = not torch.compiler.is_compiling() and x.untyped_storage().nbytes() > x.numel() * x.element_size()
+    return x.clone() if big else x
+
 def local_attention(q, k, v, # (B, H, T, D), RoPE'd and QK-normed, GQA already expanded
                     window_size:int) -> torch.Tensor:
     "Causal sliding-window attention: query t sees keys t-window_size+1..t. Linear in T."
     B, H, T, D = q.shape
     W = window_size
     mask = (_local_mask if torch.compiler.is_compiling() else _cached_local_mask)(T, W, q.device)
-    if T <= 2 * W: return masked_attention(q, k, v, mask)
+    # k and v may be views of every head's GQA copy, and the kernel saves its inputs: a copy of this kind's heads
+    # keeps the backward from holding that whole copy (the blocked form below copies anyway)
+    if T <= 2 * W: return masked_attention(q, _own_storage(k), _own_storage(v), mask)
     nb = -(-T // W)  # blocks of W queries
     pad = nb * W - T
     qb = F.pad(q, (0, 0, 0, pad)).reshape(B * H, nb, W, D)
