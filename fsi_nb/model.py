@@ -11,7 +11,6 @@ from .layers import RMSNorm, SwiGLU, rope_cache, rope_at
 from .attention import HybridAttention, AttentionState, byte_structure_tables, token_structure, anchor_keys
 from .moe import MoEFFN
 from torch.utils.checkpoint import checkpoint
-from fastcore.basics import patch
 _all_ = ['FSIEdgeConfig']   # re-exported: `from fsi_nb.model import FSIEdgeConfig, FSIEdgeModel` as in the seeds
 
 # %% auto #0
@@ -132,7 +131,7 @@ class GenerationState:
         "Bytes held by the state."
         return sum(t.nbytes for t in (self.pos, self.bracket, self.indent, self.n_anchors)) + sum(s.nbytes() for s in self.layers)
 
-# %% ../nbs/08_model.ipynb #4673a064
+# %% ../nbs/08_model.ipynb #6b4cdfe9
 _TABLES = dict(newline='newline_table', depth_delta='depth_delta', indent='indent_table')  # buffer names
 
 def _apply_padding_mask(attention_mask, input_ids, labels):
@@ -147,7 +146,6 @@ def _apply_padding_mask(attention_mask, input_ids, labels):
                          "padding mask. Fix: pad on the right (or pack sequences, as fsi_nb.batches.Batcher does).")
     return None if labels is None else labels.masked_fill(~keep, -100)
 
-# %% ../nbs/08_model.ipynb #6b4cdfe9
 class FSIEdgeModel(nn.Module):
     "The fsi_nb decoder: hybrid local/struct/global attention, dense or twin-population MoE FFN, tied output."
     def __init__(self, cfg:FSIEdgeConfig):
@@ -164,6 +162,33 @@ class FSIEdgeModel(nn.Module):
         self.register_buffer('rope_cos', cos, persistent=False)
         self.register_buffer('rope_sin', sin, persistent=False)
         self.reset_parameters()
+
+    def reset_parameters(self):
+        "GPT-2 init; output projections scaled by 1/sqrt(2*n_layers); logits start small so loss(step 0) ~ ln(vocab)."
+        cfg, std = self.cfg, 0.02
+        # tied: the logits' std is the embedding std * sqrt(d_model); keep it <= 0.2 so step-0 loss is ln(vocab) + ~0.02
+        nn.init.normal_(self.tok_embeddings.weight, std=min(std, 0.2 / math.sqrt(cfg.d_model)))
+        if not cfg.tie_embeddings: nn.init.normal_(self.lm_head.weight, std=min(std, 0.2 / math.sqrt(cfg.d_model)))
+        for b in self.layers:
+            for lin in (b.attn.wq, b.attn.wk, b.attn.wv): nn.init.normal_(lin.weight, std=std)
+            nn.init.normal_(b.attn.wo.weight, std=std / math.sqrt(2 * cfg.n_layers))
+            nn.init.zeros_(b.attn.struct_bias)
+            if isinstance(b.ffn, SwiGLU):
+                for lin in (b.ffn.w1, b.ffn.w3): nn.init.normal_(lin.weight, std=std)
+                nn.init.normal_(b.ffn.w2.weight, std=std / math.sqrt(2 * cfg.n_layers))
+            else: b.ffn.reset_parameters()   # the MoE module owns its init
+
+    def set_structure_tables(self, newline, depth_delta, indent):
+        "Install the tokenizer's per-vocab tables (`fsi_nb.tokenizer.structure_tables(tok)`), padded to `vocab_size`."
+        V = self.cfg.vocab_size
+        for name, t, dtype in (('newline', newline, torch.bool), ('depth_delta', depth_delta, torch.long), ('indent', indent, torch.long)):
+            t = torch.as_tensor(t)
+            if t.dim() != 1 or len(t) > V:
+                raise ValueError(f"{name} table has shape {tuple(t.shape)} but the model's vocab_size is {V}. "
+                                 f"Fix: pass 1-D tables of at most {V} entries (a tokenizer with a larger vocab needs a config with that vocab_size).")
+            full = torch.zeros(V, dtype=dtype, device=self.newline_table.device)
+            full[:len(t)] = t.to(full)
+            getattr(self, _TABLES[name]).copy_(full)
 
     def _rope(self, T, device):
         if T <= self.rope_cos.shape[0]: return self.rope_cos[:T], self.rope_sin[:T]
@@ -219,108 +244,72 @@ class FSIEdgeModel(nn.Module):
                 out.loss = out.loss + w * out.aux[k]
         return out
 
-# %% ../nbs/08_model.ipynb #d1dde912
-@patch
-def reset_parameters(self:FSIEdgeModel):
-    "GPT-2 init; output projections scaled by 1/sqrt(2*n_layers); logits start small so loss(step 0) ~ ln(vocab)."
-    cfg, std = self.cfg, 0.02
-    # tied: the logits' std is the embedding std * sqrt(d_model); keep it <= 0.2 so step-0 loss is ln(vocab) + ~0.02
-    nn.init.normal_(self.tok_embeddings.weight, std=min(std, 0.2 / math.sqrt(cfg.d_model)))
-    if not cfg.tie_embeddings: nn.init.normal_(self.lm_head.weight, std=min(std, 0.2 / math.sqrt(cfg.d_model)))
-    for b in self.layers:
-        for lin in (b.attn.wq, b.attn.wk, b.attn.wv): nn.init.normal_(lin.weight, std=std)
-        nn.init.normal_(b.attn.wo.weight, std=std / math.sqrt(2 * cfg.n_layers))
-        nn.init.zeros_(b.attn.struct_bias)
-        if isinstance(b.ffn, SwiGLU):
-            for lin in (b.ffn.w1, b.ffn.w3): nn.init.normal_(lin.weight, std=std)
-            nn.init.normal_(b.ffn.w2.weight, std=std / math.sqrt(2 * cfg.n_layers))
-        else: b.ffn.reset_parameters()   # the MoE module owns its init
+    @torch.no_grad()
+    def update_router_bias(self):
+        "Loss-free balancing: call after each optimizer step (a no-op for dense models)."
+        for b in self.layers:
+            if isinstance(b.ffn, MoEFFN): b.ffn.update_router_bias()
 
-@patch
-def set_structure_tables(self:FSIEdgeModel, newline, depth_delta, indent):
-    "Install the tokenizer's per-vocab tables (`fsi_nb.tokenizer.structure_tables(tok)`), padded to `vocab_size`."
-    V = self.cfg.vocab_size
-    for name, t, dtype in (('newline', newline, torch.bool), ('depth_delta', depth_delta, torch.long), ('indent', indent, torch.long)):
-        t = torch.as_tensor(t)
-        if t.dim() != 1 or len(t) > V:
-            raise ValueError(f"{name} table has shape {tuple(t.shape)} but the model's vocab_size is {V}. "
-                             f"Fix: pass 1-D tables of at most {V} entries (a tokenizer with a larger vocab needs a config with that vocab_size).")
-        full = torch.zeros(V, dtype=dtype, device=self.newline_table.device)
-        full[:len(t)] = t.to(full)
-        getattr(self, _TABLES[name]).copy_(full)
+    def init_state(self, batch:int, max_len:int=2**20) -> GenerationState:
+        "An empty generation state for `batch` sequences (Helix sized for up to `max_len` tokens)."
+        p = self.tok_embeddings.weight
+        z = lambda *s: torch.zeros(s, dtype=torch.long, device=p.device)
+        return GenerationState(z(), z(batch), z(batch), z(batch),
+                               [b.attn.init_state(batch, max_len, p.device, p.dtype) for b in self.layers])
 
-# %% ../nbs/08_model.ipynb #02295516
-@patch
-@torch.no_grad()
-def update_router_bias(self:FSIEdgeModel):
-    "Loss-free balancing: call after each optimizer step (a no-op for dense models)."
-    for b in self.layers:
-        if isinstance(b.ffn, MoEFFN): b.ffn.update_router_bias()
+    @torch.no_grad()
+    def prefill(self, input_ids:torch.Tensor, # (B, T) prompt
+                state:GenerationState) -> torch.Tensor:
+        "Run a prompt through the parallel form into a fresh `state`; returns the (B, vocab) logits after its last token."
+        if state.pos.item() != 0: raise ValueError("prefill needs a fresh state. Fix: pass model.init_state(batch), or step() the extra tokens.")
+        B, T = input_ids.shape
+        if B != state.bracket.shape[0] or T == 0:
+            raise ValueError(f"prefill of a ({B}, {T}) prompt into a state for {state.bracket.shape[0]} sequences. Fix: "
+                             "init_state(batch) with the prompt's batch size, and a prompt of at least one token.")
+        depth, anchor = token_structure(input_ids, self.newline_table, self.depth_delta, self.indent_table)
+        rope = self._rope(T, input_ids.device)
+        x = self.tok_embeddings(input_ids)
+        for block, s in zip(self.layers, state.layers): x = block(x, depth, anchor, rope, s)[0]
+        state.bracket.copy_(self.depth_delta[input_ids].sum(1))
+        state.indent.copy_(depth[:, -1].long() - state.bracket)
+        state.n_anchors.copy_(anchor.long().sum(1))
+        state.pos.fill_(T)
+        return self.lm_head(self.norm(x[:, -1]))
 
-@patch
-def init_state(self:FSIEdgeModel, batch:int, max_len:int=2**20) -> GenerationState:
-    "An empty generation state for `batch` sequences (Helix sized for up to `max_len` tokens)."
-    p = self.tok_embeddings.weight
-    z = lambda *s: torch.zeros(s, dtype=torch.long, device=p.device)
-    return GenerationState(z(), z(batch), z(batch), z(batch),
-                           [b.attn.init_state(batch, max_len, p.device, p.dtype) for b in self.layers])
+    @torch.no_grad()   # the state is a buffer, never part of a graph
+    def step(self, token_ids:torch.Tensor, # (B,) or (B, 1): the next token of each sequence
+             state:GenerationState) -> torch.Tensor:
+        "Feed one token per sequence; returns the (B, vocab) logits for the token after it. Updates `state`."
+        ids = token_ids.reshape(-1)
+        anchor = self.newline_table[ids]
+        state.bracket += self.depth_delta[ids]
+        state.indent.copy_(torch.where(anchor, self.indent_table[ids], state.indent))
+        depth = (state.bracket + state.indent).float()
+        rope = rope_at(self.cfg.head_dim, state.pos.view(1), self.cfg.rope_base)
+        x = self.tok_embeddings(ids)[:, None]
+        for block, s in zip(self.layers, state.layers):
+            x = block.step(x, state.pos, depth, anchor, state.n_anchors, rope, s)
+        state.n_anchors += anchor
+        state.pos += 1
+        return self.lm_head(self.norm(x))[:, 0]
 
-@patch
-@torch.no_grad()
-def prefill(self:FSIEdgeModel, input_ids:torch.Tensor, # (B, T) prompt
-            state:GenerationState) -> torch.Tensor:
-    "Run a prompt through the parallel form into a fresh `state`; returns the (B, vocab) logits after its last token."
-    if state.pos.item() != 0: raise ValueError("prefill needs a fresh state. Fix: pass model.init_state(batch), or step() the extra tokens.")
-    B, T = input_ids.shape
-    if B != state.bracket.shape[0] or T == 0:
-        raise ValueError(f"prefill of a ({B}, {T}) prompt into a state for {state.bracket.shape[0]} sequences. Fix: "
-                         "init_state(batch) with the prompt's batch size, and a prompt of at least one token.")
-    depth, anchor = token_structure(input_ids, self.newline_table, self.depth_delta, self.indent_table)
-    rope = self._rope(T, input_ids.device)
-    x = self.tok_embeddings(input_ids)
-    for block, s in zip(self.layers, state.layers): x = block(x, depth, anchor, rope, s)[0]
-    state.bracket.copy_(self.depth_delta[input_ids].sum(1))
-    state.indent.copy_(depth[:, -1].long() - state.bracket)
-    state.n_anchors.copy_(anchor.long().sum(1))
-    state.pos.fill_(T)
-    return self.lm_head(self.norm(x[:, -1]))
-
-@patch
-@torch.no_grad()   # the state is a buffer, never part of a graph
-def step(self:FSIEdgeModel, token_ids:torch.Tensor, # (B,) or (B, 1): the next token of each sequence
-         state:GenerationState) -> torch.Tensor:
-    "Feed one token per sequence; returns the (B, vocab) logits for the token after it. Updates `state`."
-    ids = token_ids.reshape(-1)
-    anchor = self.newline_table[ids]
-    state.bracket += self.depth_delta[ids]
-    state.indent.copy_(torch.where(anchor, self.indent_table[ids], state.indent))
-    depth = (state.bracket + state.indent).float()
-    rope = rope_at(self.cfg.head_dim, state.pos.view(1), self.cfg.rope_base)
-    x = self.tok_embeddings(ids)[:, None]
-    for block, s in zip(self.layers, state.layers):
-        x = block.step(x, state.pos, depth, anchor, state.n_anchors, rope, s)
-    state.n_anchors += anchor
-    state.pos += 1
-    return self.lm_head(self.norm(x))[:, 0]
-
-@patch
-@torch.no_grad()
-def generate(self:FSIEdgeModel, input_ids:torch.Tensor, # (B, T) prompt
-             max_new_tokens:int, temperature:float=1.0, top_k:int|None=None, top_p:float|None=None,
-             greedy:bool=False, generator:torch.Generator|None=None) -> torch.Tensor:
-    "Prompt + `max_new_tokens` sampled tokens, (B, T + max_new_tokens), on the bounded streaming state."
-    was_training = self.training
-    self.eval()
-    try:
-        state = self.init_state(input_ids.shape[0])
-        logits = self.prefill(input_ids, state)
-        out = [input_ids]
-        for i in range(max_new_tokens):
-            nxt = sample_next(logits, temperature, top_k, top_p, greedy, generator)
-            out.append(nxt[:, None])
-            if i + 1 < max_new_tokens: logits = self.step(nxt, state)
-    finally: self.train(was_training)
-    return torch.cat(out, 1)
+    @torch.no_grad()
+    def generate(self, input_ids:torch.Tensor, # (B, T) prompt
+                 max_new_tokens:int, temperature:float=1.0, top_k:int|None=None, top_p:float|None=None,
+                 greedy:bool=False, generator:torch.Generator|None=None) -> torch.Tensor:
+        "Prompt + `max_new_tokens` sampled tokens, (B, T + max_new_tokens), on the bounded streaming state."
+        was_training = self.training
+        self.eval()
+        try:
+            state = self.init_state(input_ids.shape[0])
+            logits = self.prefill(input_ids, state)
+            out = [input_ids]
+            for i in range(max_new_tokens):
+                nxt = sample_next(logits, temperature, top_k, top_p, greedy, generator)
+                out.append(nxt[:, None])
+                if i + 1 < max_new_tokens: logits = self.step(nxt, state)
+        finally: self.train(was_training)
+        return torch.cat(out, 1)
 
 # %% ../nbs/08_model.ipynb #4ae08fd6
 def outside_nucleus(logits:torch.Tensor, # (B, vocab)

@@ -6,7 +6,6 @@
 from __future__ import annotations
 import functools, math
 import torch, torch.nn as nn, torch.nn.functional as F
-from fastcore.basics import patch
 from .config import FSIEdgeConfig
 
 # %% auto #0
@@ -123,6 +122,37 @@ class MoEFFN(nn.Module):
         self.register_buffer('expert_load', torch.zeros(e, dtype=torch.float32))
         self.reset_parameters()
 
+    def reset_parameters(self, std:float=0.02, # normal init of router, W1 and W3
+                         out_std:float|None=None): # W2's std (e.g. std/sqrt(2*n_layers)); None: `std`
+        "Normal init; the model may call it again with its own scale."
+        for p in (self.router.weight, self.shared_w13, self.routed_w13):
+            if p is not None: nn.init.normal_(p, std=std)
+        for p in (self.shared_w2, self.routed_w2):
+            if p is not None: nn.init.normal_(p, std=std if out_std is None else out_std)
+
+    def route(self, h, # (N, d_model) flat tokens
+              hc=None):   # h in the experts' dtype: under bf16, the router's backward runs in bf16 into it
+        "Router logits (fp32), affinities `s`, chosen experts `idx` (N, top_k) and their gate weights."
+        with torch.autocast(h.device.type, enabled=False):  # routing decisions in fp32 even under bf16 autocast
+            if hc is None or hc.dtype == torch.float32: logits = F.linear(h.float(), self.router.weight.float())
+            else: logits = _RouterLogits.apply(h, hc, self.router.weight)
+        s = torch.sigmoid(logits)
+        n, p = h.shape[0], self.n_populations
+        per_pop, k = self.n_routed // p, self.top_k // p
+        choice = (s.detach() + self.router_bias).view(n, p, per_pop)  # the bias picks, never weighs
+        first = torch.arange(p, device=h.device).view(1, p, 1) * per_pop
+        if k == 1: best = choice.max(-1, keepdim=True).indices  # max: 10x faster than topk(1) on a CPU
+        elif k == 2:  # the best, then the best of the rest: topk(2)'s picks (ties to the lower expert), 2x faster on a CPU
+            top = choice.max(-1, keepdim=True).indices
+            best = torch.cat([top, choice.scatter(-1, top, -math.inf).max(-1, keepdim=True).indices], -1)
+        else: best = choice.topk(k, dim=-1).indices
+        idx = (best + first).view(n, p * k)  # top_k/p from each population
+        chosen = s.gather(1, idx)
+        return logits, s, idx, chosen / chosen.sum(-1, keepdim=True)
+
+    def _compute_dtype(self, x):
+        return torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+
     def forward(self, x): # (B, T, d_model) or any (..., d_model)
         """`(y, aux, routing)`: output like `x`; raw `aux` terms `z_loss` and `orthogonality` (the model multiplies them
         by `cfg.z_loss_weight` and `cfg.orthogonality_loss_weight`); detached `routing` statistics of this forward."""
@@ -171,68 +201,29 @@ class MoEFFN(nn.Module):
             state_dict[prefix + 'shared_w2'] = take('shared_w2').flatten(0, 1)   # (s, f, d) -> (s*f, d)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-# %% ../nbs/07_moe.ipynb #a4f230dc
-@patch
-def reset_parameters(self:MoEFFN, std:float=0.02, # normal init of router, W1 and W3
-                     out_std:float|None=None): # W2's std (e.g. std/sqrt(2*n_layers)); None: `std`
-    "Normal init; the model may call it again with its own scale."
-    for p in (self.router.weight, self.shared_w13, self.routed_w13):
-        if p is not None: nn.init.normal_(p, std=std)
-    for p in (self.shared_w2, self.routed_w2):
-        if p is not None: nn.init.normal_(p, std=std if out_std is None else out_std)
+    def _count_load(self, counts):
+        # Once per real forward: a checkpointed layer re-runs forward inside backward (torch.utils.checkpoint, either
+        # flavour), which is the only place autograd's graph task id is set. Compiled graphs replay no buffer mutation.
+        if self.training and (torch.compiler.is_compiling() or torch._C._current_graph_task_id() == -1):
+            self.expert_load.add_(counts.float())
 
-@patch
-def route(self:MoEFFN, h, # (N, d_model) flat tokens
-          hc=None):   # h in the experts' dtype: under bf16, the router's backward runs in bf16 into it
-    "Router logits (fp32), affinities `s`, chosen experts `idx` (N, top_k) and their gate weights."
-    with torch.autocast(h.device.type, enabled=False):  # routing decisions in fp32 even under bf16 autocast
-        if hc is None or hc.dtype == torch.float32: logits = F.linear(h.float(), self.router.weight.float())
-        else: logits = _RouterLogits.apply(h, hc, self.router.weight)
-    s = torch.sigmoid(logits)
-    n, p = h.shape[0], self.n_populations
-    per_pop, k = self.n_routed // p, self.top_k // p
-    choice = (s.detach() + self.router_bias).view(n, p, per_pop)  # the bias picks, never weighs
-    first = torch.arange(p, device=h.device).view(1, p, 1) * per_pop
-    if k == 1: best = choice.max(-1, keepdim=True).indices  # max: 10x faster than topk(1) on a CPU
-    elif k == 2:  # the best, then the best of the rest: topk(2)'s picks (ties to the lower expert), 2x faster on a CPU
-        top = choice.max(-1, keepdim=True).indices
-        best = torch.cat([top, choice.scatter(-1, top, -math.inf).max(-1, keepdim=True).indices], -1)
-    else: best = choice.topk(k, dim=-1).indices
-    idx = (best + first).view(n, p * k)  # top_k/p from each population
-    chosen = s.gather(1, idx)
-    return logits, s, idx, chosen / chosen.sum(-1, keepdim=True)
+    @torch.no_grad()
+    def _routing_stats(self, counts, overlap, pairs:int): # pairs: counts.sum(), known on the host (tokens * top_k)
+        load = counts / max(pairs, 1)   # the same float division as counts.float() / counts.sum(), two operators fewer
+        min_load, max_load = torch.aminmax(load)
+        entropy = -torch.special.xlogy(load, load).sum() / math.log(self.n_routed) if self.n_routed > 1 else load.sum()
+        return dict(load=load, entropy=entropy, max_load=max_load, min_load=min_load, dead_experts=(counts == 0).sum(),
+                    bias_abs_mean=self.router_bias.abs().mean(), population_overlap=overlap.detach())
 
-@patch
-def _compute_dtype(self:MoEFFN, x):
-    return torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
-
-# %% ../nbs/07_moe.ipynb #bd717c32
-@patch
-def _count_load(self:MoEFFN, counts):
-    # Once per real forward: a checkpointed layer re-runs forward inside backward (torch.utils.checkpoint, either
-    # flavour), which is the only place autograd's graph task id is set. Compiled graphs replay no buffer mutation.
-    if self.training and (torch.compiler.is_compiling() or torch._C._current_graph_task_id() == -1):
-        self.expert_load.add_(counts.float())
-
-@patch
-@torch.no_grad()
-def _routing_stats(self:MoEFFN, counts, overlap, pairs:int): # pairs: counts.sum(), known on the host (tokens * top_k)
-    load = counts / max(pairs, 1)   # the same float division as counts.float() / counts.sum(), two operators fewer
-    min_load, max_load = torch.aminmax(load)
-    entropy = -torch.special.xlogy(load, load).sum() / math.log(self.n_routed) if self.n_routed > 1 else load.sum()
-    return dict(load=load, entropy=entropy, max_load=max_load, min_load=min_load, dead_experts=(counts == 0).sum(),
-                bias_abs_mean=self.router_bias.abs().mean(), population_overlap=overlap.detach())
-
-@patch
-@torch.no_grad()
-def update_router_bias(self:MoEFFN):
-    "Loss-free balancing step (DeepSeek-V3) from the load counted since the last call; call once per optimizer step."
-    load = self.expert_load
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.all_reduce(load)  # every rank counts its own tokens; all must apply the same step
-    # nothing counted: mean - load is all zeros and sign(0) = 0, so this is a no-op without a host sync
-    self.router_bias.add_(self.router_bias_rate * torch.sign(load.mean() - load))
-    load.zero_()
+    @torch.no_grad()
+    def update_router_bias(self):
+        "Loss-free balancing step (DeepSeek-V3) from the load counted since the last call; call once per optimizer step."
+        load = self.expert_load
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(load)  # every rank counts its own tokens; all must apply the same step
+        # nothing counted: mean - load is all zeros and sign(0) = 0, so this is a no-op without a host sync
+        self.router_bias.add_(self.router_bias_rate * torch.sign(load.mean() - load))
+        load.zero_()
 
 # %% ../nbs/07_moe.ipynb #32dd9b17
 def _population_overlap_reference(y_pop): # (N, n_populations, d_model) each population's gated output per token
