@@ -4,9 +4,9 @@
 
 # %% ../nbs/06_attention.ipynb #55817010
 from __future__ import annotations
-import functools, math, torch, torch.nn as nn, torch.nn.functional as F
+import math, torch, torch.nn as nn, torch.nn.functional as F
 from .config import FSIEdgeConfig
-from .layers import RMSNorm, apply_rope, rope_cache, expand_kv, masked_attention
+from .layers import RMSNorm, apply_rope, rope_cache, expand_kv, masked_attention, shape_constant
 from .helix import helix_attention, HelixCache
 
 # %% auto #0
@@ -19,16 +19,13 @@ def _band_mask(n_q, n_k, offset, window_size, device):
     d = torch.arange(n_q, device=device)[:, None] + offset - torch.arange(n_k, device=device)[None]
     return (d >= 0) & (d < window_size)
 
+@shape_constant   # made once per shape, not once per layer and step
 def _local_mask(T, W, device):
     "The band (T <= 2W: (T, T)), or each block of W queries' band over its previous block and itself (nb, W, 2W)."
     if T <= 2 * W: return _band_mask(T, T, 0, W, device)
     mask = _band_mask(W, 2 * W, W, W, device).expand(-(-T // W), W, 2 * W).clone()
     mask[0, :, :W] = False  # block 0 has no previous block (those keys are padding)
     return mask
-
-@functools.lru_cache(maxsize=64)
-def _cached_local_mask(*args):   # made once per shape, not once per layer and step
-    with torch.inference_mode(False), torch.no_grad(): return _local_mask(*args)
 
 def _own_storage(x):
     "`x`, copied if it is a view into a larger storage (which a backward saving `x` would keep whole); as is when compiling."
@@ -40,7 +37,7 @@ def local_attention(q, k, v, # (B, H, T, D), RoPE'd and QK-normed, GQA already e
     "Causal sliding-window attention: query t sees keys t-window_size+1..t. Linear in T."
     B, H, T, D = q.shape
     W = window_size
-    mask = (_local_mask if torch.compiler.is_compiling() else _cached_local_mask)(T, W, q.device)
+    mask = _local_mask(T, W, q.device)
     # k and v may be views of every head's GQA copy, and the kernel saves its inputs: a copy of this kind's heads
     # keeps the backward from holding that whole copy (the blocked form below copies anyway)
     if T <= 2 * W: return masked_attention(q, _own_storage(k), _own_storage(v), mask)

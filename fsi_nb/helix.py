@@ -4,10 +4,10 @@
 
 # %% ../nbs/05_helix.ipynb #1b6f7ce9
 from __future__ import annotations
-import functools, math
+import math
 import torch
 import torch.nn.functional as F
-from .layers import masked_attention
+from .layers import masked_attention, shape_constant
 
 # %% auto #0
 __all__ = ['helix_clusters', 'helix_attention_loop', 'helix_attention', 'HelixCache']
@@ -67,6 +67,7 @@ def _candidates_per_block(T, W, S, j):
     # block b's queries have n = b*S - W + 1 .. b*S + S - W; the last used group is the last n with bit j set's
     return max(1, max(((b * S + S - W - 2 ** j) >> (j + 1)) - ((b * S - W + 1) >> (j + 1)) + 1 for b in range(-(-T // S))))
 
+@shape_constant   # depends on (T, W, S) alone: once per shape
 def _helix_mask(T, W, S, device=None, dtype=torch.float32):
     """`(idx, mask)`: each query block's C candidates (nb, C) as rows of the pyramid's levels 1, 2, ... side by side,
     and the additive mask (1, nb, S, keys) over its keys in order: its r older window blocks, its candidates, its own block."""
@@ -84,10 +85,6 @@ def _helix_mask(T, W, S, device=None, dtype=torch.float32):
         clusters.append(bias((n > 0) & (n >> j & 1 == 1) & (n >> (j + 1) == g), j * math.log(2)))
     idx = torch.cat(idx, 1) if idx else torch.zeros(nb, 0, dtype=torch.long, device=device)
     return idx, torch.cat([window[..., :r * S]] + clusters + [window[..., r * S:]], 2)[None]
-
-@functools.lru_cache(maxsize=64)
-def _cached_helix_mask(*args):
-    with torch.inference_mode(False), torch.no_grad(): return _helix_mask(*args)   # cached tensors must suit autograd
 
 def _block_size(W): return -(-W // -(-W // 64))              # <= 64, splitting the window into equal blocks
 
@@ -162,7 +159,7 @@ def helix_attention(q:torch.Tensor, # (B, H, T, D) queries, RoPE'd and QK-normed
     if W < 1: raise ValueError(f"window_size={W}: must be >= 1. Fix: pass the config's window_size.")
     S = block_size or _block_size(W)
     nb = _layout(T, W, S)[0]
-    idx, mask = (_helix_mask if torch.compiler.is_compiling() else _cached_helix_mask)(T, W, S, q.device, q.dtype)
+    idx, mask = _helix_mask(T, W, S, q.device, q.dtype)
     # keys and values side by side through one pyramid, one gather, one copy (and one backward): half the operators.
     # In one dtype: under bf16 autocast k comes QK-normed in fp32 and v in bf16; v's summaries are then fp32 means.
     kv = torch.stack([k, v.to(torch.promote_types(k.dtype, v.dtype))]).flatten(0, 1)   # (2B, H, T, D)

@@ -4,10 +4,11 @@
 
 # %% ../nbs/04_layers.ipynb #8888a5fb
 from __future__ import annotations
-import torch, torch.nn as nn, torch.nn.functional as F
+import functools, torch, torch.nn as nn, torch.nn.functional as F
 
 # %% auto #0
-__all__ = ['RMSNorm', 'rope_at', 'rope_cache', 'apply_rope', 'SwiGLU', 'kv_index', 'expand_kv', 'masked_attention']
+__all__ = ['RMSNorm', 'rope_at', 'rope_cache', 'apply_rope', 'SwiGLU', 'kv_index', 'expand_kv', 'masked_attention',
+           'shape_constant']
 
 # %% ../nbs/04_layers.ipynb #430e95e5
 class RMSNorm(nn.Module):
@@ -86,3 +87,14 @@ def masked_attention(q:torch.Tensor, # (..., S, D) queries
     if q.device.type == 'cpu' and torch.is_autocast_enabled('cpu') and torch.get_autocast_dtype('cpu') == torch.bfloat16:
         return _written_out_attention(q, k, v, attn_mask)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+
+# %% ../nbs/04_layers.ipynb #8dc6fe4b
+def shape_constant(build):
+    "`build(*args)` once per distinct arguments (shapes, device, dtype), cached; built afresh while `torch.compile` traces."
+    @functools.lru_cache(maxsize=64)
+    def cached(*args, **kwargs):
+        with torch.inference_mode(False), torch.no_grad(): return build(*args, **kwargs)   # tensors any later mode can use
+    @functools.wraps(build)
+    def made(*args, **kwargs): return (build if torch.compiler.is_compiling() else cached)(*args, **kwargs)
+    made.cache_clear, made.cache_info = cached.cache_clear, cached.cache_info
+    return made
