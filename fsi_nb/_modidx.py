@@ -179,6 +179,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'fsi_nb.data._cpu_seconds': ('data.html#_cpu_seconds', 'fsi_nb/data.py'),
                              'fsi_nb.data._no_documents_message': ('data.html#_no_documents_message', 'fsi_nb/data.py'),
                              'fsi_nb.data._peak_rss_mb': ('data.html#_peak_rss_mb', 'fsi_nb/data.py'),
+                             'fsi_nb.data._prepare_report': ('data.html#_prepare_report', 'fsi_nb/data.py'),
+                             'fsi_nb.data._refuse_prepared': ('data.html#_refuse_prepared', 'fsi_nb/data.py'),
                              'fsi_nb.data._top_reasons': ('data.html#_top_reasons', 'fsi_nb/data.py'),
                              'fsi_nb.data._write_filter_report': ('data.html#_write_filter_report', 'fsi_nb/data.py'),
                              'fsi_nb.data.ensure_prepared': ('data.html#ensure_prepared', 'fsi_nb/data.py'),

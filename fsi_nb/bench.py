@@ -439,7 +439,7 @@ def run_bench(quick:bool=False, # small shapes and few repetitions (a test's < 6
     res['meta']['seconds'] = time.perf_counter() - t0
     return res
 
-# %% ../nbs/12_bench.ipynb #bffed185
+# %% ../nbs/12_bench.ipynb #cc6c5f5e
 _TITLES = dict(step='Training step (forward + backward + AdamW), eager: hybrid FSIEdgeModel vs dense baseline (target ratio >= 0.8)',
                options='Step options (hybrid and dense): compile, loss, precision',
                helix='Helix parallel vs per-token loop, forward (targets: >= 10x at 512, >= 25x at 2048; flat us/token = linear)',
@@ -489,6 +489,7 @@ def summary(res:dict) -> str:
     if 'loop' in res: lines += ['train loop overhead (target <= 5%): ' + ', '.join(f"{r['preset']} {r['overhead']:.1%} {ok(r['overhead'] <= 0.05)}" for r in res['loop'])]
     return '\n'.join(lines)
 
+# %% ../nbs/12_bench.ipynb #6eb48ac5
 def main(argv=None):
     "`python -m fsi_nb.bench [--quick] [--json out.json] [--only step,helix,...] [--data-dir D] [--threads N]`"
     ap = argparse.ArgumentParser(prog='python -m fsi_nb.bench', description='Measure what the fsi_nb architecture costs on this '

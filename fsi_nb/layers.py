@@ -88,7 +88,7 @@ def masked_attention(q:torch.Tensor, # (..., S, D) queries
         return _written_out_attention(q, k, v, attn_mask)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
 
-# %% ../nbs/04_layers.ipynb #8dc6fe4b
+# %% ../nbs/04_layers.ipynb #d2ca61f3
 def shape_constant(build):
     "`build(*args)` once per distinct arguments (shapes, device, dtype), cached; built afresh while `torch.compile` traces."
     @functools.lru_cache(maxsize=64)
