@@ -259,6 +259,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'fsi_nb.export._hf_config': ('export.html#_hf_config', 'fsi_nb/export.py'),
                                'fsi_nb.export._hf_tokenizer_files': ('export.html#_hf_tokenizer_files', 'fsi_nb/export.py'),
                                'fsi_nb.export._module_source': ('export.html#_module_source', 'fsi_nb/export.py'),
+                               'fsi_nb.export._patched_class': ('export.html#_patched_class', 'fsi_nb/export.py'),
                                'fsi_nb.export._q8_ok': ('export.html#_q8_ok', 'fsi_nb/export.py'),
                                'fsi_nb.export._top_level_names': ('export.html#_top_level_names', 'fsi_nb/export.py'),
                                'fsi_nb.export.check_gguf': ('export.html#check_gguf', 'fsi_nb/export.py'),

@@ -11,6 +11,7 @@ from .layers import RMSNorm, SwiGLU, rope_cache, rope_at
 from .attention import HybridAttention, AttentionState, byte_structure_tables, token_structure, anchor_keys
 from .moe import MoEFFN
 from torch.utils.checkpoint import checkpoint
+from fastcore.basics import patch
 _all_ = ['FSIEdgeConfig']   # re-exported: `from fsi_nb.model import FSIEdgeConfig, FSIEdgeModel` as in the seeds
 
 # %% auto #0
@@ -131,9 +132,7 @@ class GenerationState:
         "Bytes held by the state."
         return sum(t.nbytes for t in (self.pos, self.bracket, self.indent, self.n_anchors)) + sum(s.nbytes() for s in self.layers)
 
-# %% ../nbs/08_model.ipynb #6b4cdfe9
-_TABLES = dict(newline='newline_table', depth_delta='depth_delta', indent='indent_table')  # buffer names
-
+# %% ../nbs/08_model.ipynb #db82a54a
 def _apply_padding_mask(attention_mask, input_ids, labels):
     """`labels` with -100 wherever `attention_mask` is 0. Only right padding is allowed: attention is causal, so pads
     after a sequence change none of its logits, while pads before it (or holes) would be attended to."""
@@ -145,6 +144,9 @@ def _apply_padding_mask(attention_mask, input_ids, labels):
         raise ValueError("attention_mask has padding before or inside a sequence; the model attends causally and has no "
                          "padding mask. Fix: pad on the right (or pack sequences, as fsi_nb.batches.Batcher does).")
     return None if labels is None else labels.masked_fill(~keep, -100)
+
+# %% ../nbs/08_model.ipynb #2bbd54a1
+_TABLES = dict(newline='newline_table', depth_delta='depth_delta', indent='indent_table')  # buffer names
 
 class FSIEdgeModel(nn.Module):
     "The fsi_nb decoder: hybrid local/struct/global attention, dense or twin-population MoE FFN, tied output."
@@ -178,138 +180,61 @@ class FSIEdgeModel(nn.Module):
                 nn.init.normal_(b.ffn.w2.weight, std=std / math.sqrt(2 * cfg.n_layers))
             else: b.ffn.reset_parameters()   # the MoE module owns its init
 
-    def set_structure_tables(self, newline, depth_delta, indent):
-        "Install the tokenizer's per-vocab tables (`fsi_nb.tokenizer.structure_tables(tok)`), padded to `vocab_size`."
-        V = self.cfg.vocab_size
-        for name, t, dtype in (('newline', newline, torch.bool), ('depth_delta', depth_delta, torch.long), ('indent', indent, torch.long)):
-            t = torch.as_tensor(t)
-            if t.dim() != 1 or len(t) > V:
-                raise ValueError(f"{name} table has shape {tuple(t.shape)} but the model's vocab_size is {V}. "
-                                 f"Fix: pass 1-D tables of at most {V} entries (a tokenizer with a larger vocab needs a config with that vocab_size).")
-            full = torch.zeros(V, dtype=dtype, device=self.newline_table.device)
-            full[:len(t)] = t.to(full)
-            getattr(self, _TABLES[name]).copy_(full)
-
     def _rope(self, T, device):
         if T <= self.rope_cos.shape[0]: return self.rope_cos[:T], self.rope_sin[:T]
         return rope_cache(self.cfg.head_dim, T, self.cfg.rope_base, device=device)  # longer than trained: computed on the fly
 
-    def forward(self, input_ids:torch.Tensor, # (B, T) token ids
-                labels:torch.Tensor|None=None, # (B, T), HF convention: the model shifts; -100 = ignore
-                return_logits:bool=True, # False + labels: fused chunked loss, logits never built (training)
-                attention_mask:torch.Tensor|None=None, # (B, T) 1 = token, 0 = right padding (its labels are ignored)
-                return_logprobs:bool=False, # with labels: also `.logprobs`, each target's log-probability (B, T-1)
-                **unexpected,
-               ) -> ModelOutput:
-        "Logits and/or loss for a batch of token ids."
-        if unexpected:
-            raise TypeError(f"unexpected argument(s) {', '.join(unexpected)}. Fix: pass input_ids, labels, attention_mask, "
-                            "return_logits and/or return_logprobs.")
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}. Fix: pass a (batch, seq_len) tensor, e.g. ids[None].")
-        if labels is not None and labels.shape != input_ids.shape:
-            raise ValueError(f"labels {tuple(labels.shape)} != input_ids {tuple(input_ids.shape)}. "
-                             "Fix: pass labels of the same shape (the model shifts them; use -100 to ignore a position).")
-        if labels is not None and not torch.compiler.is_compiling():   # the fused loss would clamp a bad id silently
-            bad = (labels != -100) & ((labels < 0) | (labels >= self.cfg.vocab_size))
-            if bad.any():
-                raise ValueError(f"labels hold {labels[bad][0].item()}, not a token id below vocab_size={self.cfg.vocab_size} "
-                                 "or -100. Fix: pass token ids as labels, and -100 where no loss is wanted.")
-        if attention_mask is not None: labels = _apply_padding_mask(attention_mask, input_ids, labels)
-        B, T = input_ids.shape
-        depth, anchor = token_structure(input_ids, self.newline_table, self.depth_delta, self.indent_table)
-        rope = self._rope(T, input_ids.device)
-        x = self.drop(self.tok_embeddings(input_ids))
-        auxes, routing = [], []
-        # the struct heads' anchors depend on the tokens alone: found once for every layer
-        anchors = anchor_keys(depth, anchor, self.cfg.struct_lines) if self.cfg.struct_heads else None
-        for block in self.layers:
-            x, aux, r = block(x, depth, anchor, rope, anchors=anchors)
-            if aux is not None: auxes.append(aux); routing.append(r)
-        x = self.norm(x)
-        out = ModelOutput()
-        if labels is None or return_logits: out.logits = self.lm_head(x)
-        if labels is None: return out
-        targets = labels[:, 1:].reshape(-1)
-        if return_logprobs:   # per-token log-probs for the objectives; the loss is their masked mean
-            out.logprobs = chunked_logprobs(x[:, :-1].reshape(-1, x.shape[-1]), self.lm_head.weight, targets).view(B, T - 1)
-            lm_loss = -out.logprobs.sum() / (targets != -100).sum().clamp(min=1)
-        elif out.logits is None: lm_loss = chunked_cross_entropy(x[:, :-1].reshape(-1, x.shape[-1]), self.lm_head.weight, targets)
-        else: lm_loss = F.cross_entropy(out.logits[:, :-1].reshape(-1, out.logits.shape[-1]).float(), targets, ignore_index=-100,
-                                        reduction='sum') / (targets != -100).sum().clamp(min=1)
-        out.aux, out.routing, out.loss = dict(lm_loss=lm_loss), routing, lm_loss
-        if auxes:
-            for k, w in (('z_loss', self.cfg.z_loss_weight), ('orthogonality', self.cfg.orthogonality_loss_weight)):
-                out.aux[k] = torch.stack([a[k] for a in auxes]).mean()
-                out.loss = out.loss + w * out.aux[k]
-        return out
-
-    @torch.no_grad()
-    def update_router_bias(self):
-        "Loss-free balancing: call after each optimizer step (a no-op for dense models)."
-        for b in self.layers:
-            if isinstance(b.ffn, MoEFFN): b.ffn.update_router_bias()
-
-    def init_state(self, batch:int, max_len:int=2**20) -> GenerationState:
-        "An empty generation state for `batch` sequences (Helix sized for up to `max_len` tokens)."
-        p = self.tok_embeddings.weight
-        z = lambda *s: torch.zeros(s, dtype=torch.long, device=p.device)
-        return GenerationState(z(), z(batch), z(batch), z(batch),
-                               [b.attn.init_state(batch, max_len, p.device, p.dtype) for b in self.layers])
-
-    @torch.no_grad()
-    def prefill(self, input_ids:torch.Tensor, # (B, T) prompt
-                state:GenerationState) -> torch.Tensor:
-        "Run a prompt through the parallel form into a fresh `state`; returns the (B, vocab) logits after its last token."
-        if state.pos.item() != 0: raise ValueError("prefill needs a fresh state. Fix: pass model.init_state(batch), or step() the extra tokens.")
-        B, T = input_ids.shape
-        if B != state.bracket.shape[0] or T == 0:
-            raise ValueError(f"prefill of a ({B}, {T}) prompt into a state for {state.bracket.shape[0]} sequences. Fix: "
-                             "init_state(batch) with the prompt's batch size, and a prompt of at least one token.")
-        depth, anchor = token_structure(input_ids, self.newline_table, self.depth_delta, self.indent_table)
-        rope = self._rope(T, input_ids.device)
-        x = self.tok_embeddings(input_ids)
-        for block, s in zip(self.layers, state.layers): x = block(x, depth, anchor, rope, s)[0]
-        state.bracket.copy_(self.depth_delta[input_ids].sum(1))
-        state.indent.copy_(depth[:, -1].long() - state.bracket)
-        state.n_anchors.copy_(anchor.long().sum(1))
-        state.pos.fill_(T)
-        return self.lm_head(self.norm(x[:, -1]))
-
-    @torch.no_grad()   # the state is a buffer, never part of a graph
-    def step(self, token_ids:torch.Tensor, # (B,) or (B, 1): the next token of each sequence
-             state:GenerationState) -> torch.Tensor:
-        "Feed one token per sequence; returns the (B, vocab) logits for the token after it. Updates `state`."
-        ids = token_ids.reshape(-1)
-        anchor = self.newline_table[ids]
-        state.bracket += self.depth_delta[ids]
-        state.indent.copy_(torch.where(anchor, self.indent_table[ids], state.indent))
-        depth = (state.bracket + state.indent).float()
-        rope = rope_at(self.cfg.head_dim, state.pos.view(1), self.cfg.rope_base)
-        x = self.tok_embeddings(ids)[:, None]
-        for block, s in zip(self.layers, state.layers):
-            x = block.step(x, state.pos, depth, anchor, state.n_anchors, rope, s)
-        state.n_anchors += anchor
-        state.pos += 1
-        return self.lm_head(self.norm(x))[:, 0]
-
-    @torch.no_grad()
-    def generate(self, input_ids:torch.Tensor, # (B, T) prompt
-                 max_new_tokens:int, temperature:float=1.0, top_k:int|None=None, top_p:float|None=None,
-                 greedy:bool=False, generator:torch.Generator|None=None) -> torch.Tensor:
-        "Prompt + `max_new_tokens` sampled tokens, (B, T + max_new_tokens), on the bounded streaming state."
-        was_training = self.training
-        self.eval()
-        try:
-            state = self.init_state(input_ids.shape[0])
-            logits = self.prefill(input_ids, state)
-            out = [input_ids]
-            for i in range(max_new_tokens):
-                nxt = sample_next(logits, temperature, top_k, top_p, greedy, generator)
-                out.append(nxt[:, None])
-                if i + 1 < max_new_tokens: logits = self.step(nxt, state)
-        finally: self.train(was_training)
-        return torch.cat(out, 1)
+# %% ../nbs/08_model.ipynb #a230bba3
+@patch
+def forward(self:FSIEdgeModel, input_ids:torch.Tensor, # (B, T) token ids
+            labels:torch.Tensor|None=None, # (B, T), HF convention: the model shifts; -100 = ignore
+            return_logits:bool=True, # False + labels: fused chunked loss, logits never built (training)
+            attention_mask:torch.Tensor|None=None, # (B, T) 1 = token, 0 = right padding (its labels are ignored)
+            return_logprobs:bool=False, # with labels: also `.logprobs`, each target's log-probability (B, T-1)
+            **unexpected,
+           ) -> ModelOutput:
+    "Logits and/or loss for a batch of token ids."
+    if unexpected:
+        raise TypeError(f"unexpected argument(s) {', '.join(unexpected)}. Fix: pass input_ids, labels, attention_mask, "
+                        "return_logits and/or return_logprobs.")
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}. Fix: pass a (batch, seq_len) tensor, e.g. ids[None].")
+    if labels is not None and labels.shape != input_ids.shape:
+        raise ValueError(f"labels {tuple(labels.shape)} != input_ids {tuple(input_ids.shape)}. "
+                         "Fix: pass labels of the same shape (the model shifts them; use -100 to ignore a position).")
+    if labels is not None and not torch.compiler.is_compiling():   # the fused loss would clamp a bad id silently
+        bad = (labels != -100) & ((labels < 0) | (labels >= self.cfg.vocab_size))
+        if bad.any():
+            raise ValueError(f"labels hold {labels[bad][0].item()}, not a token id below vocab_size={self.cfg.vocab_size} "
+                             "or -100. Fix: pass token ids as labels, and -100 where no loss is wanted.")
+    if attention_mask is not None: labels = _apply_padding_mask(attention_mask, input_ids, labels)
+    B, T = input_ids.shape
+    depth, anchor = token_structure(input_ids, self.newline_table, self.depth_delta, self.indent_table)
+    rope = self._rope(T, input_ids.device)
+    x = self.drop(self.tok_embeddings(input_ids))
+    auxes, routing = [], []
+    # the struct heads' anchors depend on the tokens alone: found once for every layer
+    anchors = anchor_keys(depth, anchor, self.cfg.struct_lines) if self.cfg.struct_heads else None
+    for block in self.layers:
+        x, aux, r = block(x, depth, anchor, rope, anchors=anchors)
+        if aux is not None: auxes.append(aux); routing.append(r)
+    x = self.norm(x)
+    out = ModelOutput()
+    if labels is None or return_logits: out.logits = self.lm_head(x)
+    if labels is None: return out
+    targets = labels[:, 1:].reshape(-1)
+    if return_logprobs:   # per-token log-probs for the objectives; the loss is their masked mean
+        out.logprobs = chunked_logprobs(x[:, :-1].reshape(-1, x.shape[-1]), self.lm_head.weight, targets).view(B, T - 1)
+        lm_loss = -out.logprobs.sum() / (targets != -100).sum().clamp(min=1)
+    elif out.logits is None: lm_loss = chunked_cross_entropy(x[:, :-1].reshape(-1, x.shape[-1]), self.lm_head.weight, targets)
+    else: lm_loss = F.cross_entropy(out.logits[:, :-1].reshape(-1, out.logits.shape[-1]).float(), targets, ignore_index=-100,
+                                    reduction='sum') / (targets != -100).sum().clamp(min=1)
+    out.aux, out.routing, out.loss = dict(lm_loss=lm_loss), routing, lm_loss
+    if auxes:
+        for k, w in (('z_loss', self.cfg.z_loss_weight), ('orthogonality', self.cfg.orthogonality_loss_weight)):
+            out.aux[k] = torch.stack([a[k] for a in auxes]).mean()
+            out.loss = out.loss + w * out.aux[k]
+    return out
 
 # %% ../nbs/08_model.ipynb #4ae08fd6
 def outside_nucleus(logits:torch.Tensor, # (B, vocab)
@@ -352,3 +277,92 @@ def unwrap(model:nn.Module) -> nn.Module:
         if hasattr(model, '_orig_mod'): model = model._orig_mod
         elif isinstance(model, nn.parallel.DistributedDataParallel): model = model.module
         else: return model
+
+# %% ../nbs/08_model.ipynb #2891dbc3
+@patch
+def init_state(self:FSIEdgeModel, batch:int, max_len:int=2**20) -> GenerationState:
+    "An empty generation state for `batch` sequences (Helix sized for up to `max_len` tokens)."
+    p = self.tok_embeddings.weight
+    z = lambda *s: torch.zeros(s, dtype=torch.long, device=p.device)
+    return GenerationState(z(), z(batch), z(batch), z(batch),
+                           [b.attn.init_state(batch, max_len, p.device, p.dtype) for b in self.layers])
+
+@patch
+@torch.no_grad()
+def prefill(self:FSIEdgeModel, input_ids:torch.Tensor, # (B, T) prompt
+            state:GenerationState) -> torch.Tensor:
+    "Run a prompt through the parallel form into a fresh `state`; returns the (B, vocab) logits after its last token."
+    if state.pos.item() != 0: raise ValueError("prefill needs a fresh state. Fix: pass model.init_state(batch), or step() the extra tokens.")
+    B, T = input_ids.shape
+    if B != state.bracket.shape[0] or T == 0:
+        raise ValueError(f"prefill of a ({B}, {T}) prompt into a state for {state.bracket.shape[0]} sequences. Fix: "
+                         "init_state(batch) with the prompt's batch size, and a prompt of at least one token.")
+    depth, anchor = token_structure(input_ids, self.newline_table, self.depth_delta, self.indent_table)
+    rope = self._rope(T, input_ids.device)
+    x = self.tok_embeddings(input_ids)
+    for block, s in zip(self.layers, state.layers): x = block(x, depth, anchor, rope, s)[0]
+    state.bracket.copy_(self.depth_delta[input_ids].sum(1))
+    state.indent.copy_(depth[:, -1].long() - state.bracket)
+    state.n_anchors.copy_(anchor.long().sum(1))
+    state.pos.fill_(T)
+    return self.lm_head(self.norm(x[:, -1]))
+
+@patch
+@torch.no_grad()   # the state is a buffer, never part of a graph
+def step(self:FSIEdgeModel, token_ids:torch.Tensor, # (B,) or (B, 1): the next token of each sequence
+         state:GenerationState) -> torch.Tensor:
+    "Feed one token per sequence; returns the (B, vocab) logits for the token after it. Updates `state`."
+    ids = token_ids.reshape(-1)
+    anchor = self.newline_table[ids]
+    state.bracket += self.depth_delta[ids]
+    state.indent.copy_(torch.where(anchor, self.indent_table[ids], state.indent))
+    depth = (state.bracket + state.indent).float()
+    rope = rope_at(self.cfg.head_dim, state.pos.view(1), self.cfg.rope_base)
+    x = self.tok_embeddings(ids)[:, None]
+    for block, s in zip(self.layers, state.layers):
+        x = block.step(x, state.pos, depth, anchor, state.n_anchors, rope, s)
+    state.n_anchors += anchor
+    state.pos += 1
+    return self.lm_head(self.norm(x))[:, 0]
+
+# %% ../nbs/08_model.ipynb #45557915
+@patch
+def set_structure_tables(self:FSIEdgeModel, newline, depth_delta, indent):
+    "Install the tokenizer's per-vocab tables (`fsi_nb.tokenizer.structure_tables(tok)`), padded to `vocab_size`."
+    V = self.cfg.vocab_size
+    for name, t, dtype in (('newline', newline, torch.bool), ('depth_delta', depth_delta, torch.long), ('indent', indent, torch.long)):
+        t = torch.as_tensor(t)
+        if t.dim() != 1 or len(t) > V:
+            raise ValueError(f"{name} table has shape {tuple(t.shape)} but the model's vocab_size is {V}. "
+                             f"Fix: pass 1-D tables of at most {V} entries (a tokenizer with a larger vocab needs a config with that vocab_size).")
+        full = torch.zeros(V, dtype=dtype, device=self.newline_table.device)
+        full[:len(t)] = t.to(full)
+        getattr(self, _TABLES[name]).copy_(full)
+
+# %% ../nbs/08_model.ipynb #4a330c19
+@patch
+@torch.no_grad()
+def generate(self:FSIEdgeModel, input_ids:torch.Tensor, # (B, T) prompt
+             max_new_tokens:int, temperature:float=1.0, top_k:int|None=None, top_p:float|None=None,
+             greedy:bool=False, generator:torch.Generator|None=None) -> torch.Tensor:
+    "Prompt + `max_new_tokens` sampled tokens, (B, T + max_new_tokens), on the bounded streaming state."
+    was_training = self.training
+    self.eval()
+    try:
+        state = self.init_state(input_ids.shape[0])
+        logits = self.prefill(input_ids, state)
+        out = [input_ids]
+        for i in range(max_new_tokens):
+            nxt = sample_next(logits, temperature, top_k, top_p, greedy, generator)
+            out.append(nxt[:, None])
+            if i + 1 < max_new_tokens: logits = self.step(nxt, state)
+    finally: self.train(was_training)
+    return torch.cat(out, 1)
+
+# %% ../nbs/08_model.ipynb #33748741
+@patch
+@torch.no_grad()
+def update_router_bias(self:FSIEdgeModel):
+    "Loss-free balancing: call after each optimizer step (a no-op for dense models)."
+    for b in self.layers:
+        if isinstance(b.ffn, MoEFFN): b.ffn.update_router_bias()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools, math
 import torch, torch.nn as nn, torch.nn.functional as F
 from .config import FSIEdgeConfig
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['MoEFFN', 'reference_moe']
@@ -95,7 +96,7 @@ class _RouterLogits(torch.autograd.Function):
         g = grad.to(hc.dtype)
         return None, g @ w.to(hc.dtype), (g.T @ hc).to(w.dtype)
 
-# %% ../nbs/07_moe.ipynb #4f947c6e
+# %% ../nbs/07_moe.ipynb #0820104a
 class MoEFFN(nn.Module):
     "Shared + routed SwiGLU experts in populations; sigmoid router with loss-free bias balancing; dropless sorted dispatch."
     def __init__(self, cfg:FSIEdgeConfig, # an MoE config (`n_routed > 0`)
@@ -130,66 +131,6 @@ class MoEFFN(nn.Module):
         for p in (self.shared_w2, self.routed_w2):
             if p is not None: nn.init.normal_(p, std=std if out_std is None else out_std)
 
-    def route(self, h, # (N, d_model) flat tokens
-              hc=None):   # h in the experts' dtype: under bf16, the router's backward runs in bf16 into it
-        "Router logits (fp32), affinities `s`, chosen experts `idx` (N, top_k) and their gate weights."
-        with torch.autocast(h.device.type, enabled=False):  # routing decisions in fp32 even under bf16 autocast
-            if hc is None or hc.dtype == torch.float32: logits = F.linear(h.float(), self.router.weight.float())
-            else: logits = _RouterLogits.apply(h, hc, self.router.weight)
-        s = torch.sigmoid(logits)
-        n, p = h.shape[0], self.n_populations
-        per_pop, k = self.n_routed // p, self.top_k // p
-        choice = (s.detach() + self.router_bias).view(n, p, per_pop)  # the bias picks, never weighs
-        first = torch.arange(p, device=h.device).view(1, p, 1) * per_pop
-        if k == 1: best = choice.max(-1, keepdim=True).indices  # max: 10x faster than topk(1) on a CPU
-        elif k == 2:  # the best, then the best of the rest: topk(2)'s picks (ties to the lower expert), 2x faster on a CPU
-            top = choice.max(-1, keepdim=True).indices
-            best = torch.cat([top, choice.scatter(-1, top, -math.inf).max(-1, keepdim=True).indices], -1)
-        else: best = choice.topk(k, dim=-1).indices
-        idx = (best + first).view(n, p * k)  # top_k/p from each population
-        chosen = s.gather(1, idx)
-        return logits, s, idx, chosen / chosen.sum(-1, keepdim=True)
-
-    def _compute_dtype(self, x):
-        return torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
-
-    def forward(self, x): # (B, T, d_model) or any (..., d_model)
-        """`(y, aux, routing)`: output like `x`; raw `aux` terms `z_loss` and `orthogonality` (the model multiplies them
-        by `cfg.z_loss_weight` and `cfg.orthogonality_loss_weight`); detached `routing` statistics of this forward."""
-        shape, d = x.shape, x.shape[-1]
-        h = x.reshape(-1, d)
-        n, p, k = h.shape[0], self.n_populations, self.top_k
-        dtype = self._compute_dtype(x)  # the experts' matmul dtype: bf16 under autocast
-        hc = h.to(dtype)  # cast once, for the router's backward and before the gather (a no-op in fp32)
-        logits, s, idx, gates = self.route(h, hc)
-
-        # dropless sorted dispatch: the (token, expert) pairs sorted by expert, one contiguous slice per expert
-        expert = idx.reshape(-1)                                   # (N*top_k,)
-        order = expert.argsort(stable=True)
-        token = order // k                                         # each sorted pair's token
-        dest = expert[order] // (self.n_routed // p) * n + token   # ... and its output row: population-major
-        counts = expert.new_zeros(self.n_routed).index_add_(0, expert, torch.ones_like(expert))  # pairs per expert (static shape, unlike bincount)
-        compiling = torch.compiler.is_compiling()
-        grouped = self.dispatch == 'grouped' or (self.dispatch == 'auto' and self._can_group and dtype == torch.bfloat16)
-        w13 = self.routed_w13.to(dtype)  # (n_routed, d_model, 2*expert_d_ff)
-        # the populations' outputs stay apart, one contiguous (N, d) block each, for the orthogonality term
-        y_pop = torch.zeros(p * n, d, device=x.device, dtype=dtype)
-        experts, sized, gate = _experts_grouped if grouped else _experts_loop, counts, gates.reshape(-1, 1)[order].to(dtype)
-        if compiling and not grouped and x.device.type == 'cpu':  # the loop's host sync would break the graph: a static capacity
-            # instead (n_routed/top_k times the expert work; a GPU compiles fp32 with the loop's graph break rather than pay that)
-            experts, (sized, token, dest, gate) = _experts_bmm, _static_layout(expert[order], counts, token, dest, gate, n)
-        elif x.device.type == 'cpu' and dtype == torch.bfloat16 and not compiling:  # eager oneDNN: few shapes
-            if grouped: experts, sized, token, dest, gate = _padded_layout(counts, token, dest, gate)
-            else: sized, token, dest, gate = _stable_sizes(counts, token, dest, gate)
-        y_pop = experts(hc.index_select(0, token), dest, gate, sized, w13, self.routed_w2.to(dtype), y_pop).view(p, n, d)
-        y, overlap = _combine_populations(y_pop)
-        if self.n_shared:  # addmm: the add rides on the matmul, no separate pass over y
-            y = torch.addmm(y, _glu(hc @ self.shared_w13.to(dtype)), self.shared_w2.to(dtype))
-
-        aux = dict(z_loss=torch.logsumexp(logits, dim=-1).square().mean(), orthogonality=overlap)
-        self._count_load(counts)
-        return y.to(x.dtype).view(shape), aux, self._routing_stats(counts, aux['orthogonality'], n * k)
-
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # checkpoints from before W1|W3 were stored side by side: (n, d, f) halves, shared experts stacked (n, ., .)
         take, has = (lambda name: state_dict.pop(prefix + name)), (lambda *names: all(prefix + k in state_dict for k in names))
@@ -201,29 +142,27 @@ class MoEFFN(nn.Module):
             state_dict[prefix + 'shared_w2'] = take('shared_w2').flatten(0, 1)   # (s, f, d) -> (s*f, d)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    def _count_load(self, counts):
-        # Once per real forward: a checkpointed layer re-runs forward inside backward (torch.utils.checkpoint, either
-        # flavour), which is the only place autograd's graph task id is set. Compiled graphs replay no buffer mutation.
-        if self.training and (torch.compiler.is_compiling() or torch._C._current_graph_task_id() == -1):
-            self.expert_load.add_(counts.float())
-
-    @torch.no_grad()
-    def _routing_stats(self, counts, overlap, pairs:int): # pairs: counts.sum(), known on the host (tokens * top_k)
-        load = counts / max(pairs, 1)   # the same float division as counts.float() / counts.sum(), two operators fewer
-        min_load, max_load = torch.aminmax(load)
-        entropy = -torch.special.xlogy(load, load).sum() / math.log(self.n_routed) if self.n_routed > 1 else load.sum()
-        return dict(load=load, entropy=entropy, max_load=max_load, min_load=min_load, dead_experts=(counts == 0).sum(),
-                    bias_abs_mean=self.router_bias.abs().mean(), population_overlap=overlap.detach())
-
-    @torch.no_grad()
-    def update_router_bias(self):
-        "Loss-free balancing step (DeepSeek-V3) from the load counted since the last call; call once per optimizer step."
-        load = self.expert_load
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.all_reduce(load)  # every rank counts its own tokens; all must apply the same step
-        # nothing counted: mean - load is all zeros and sign(0) = 0, so this is a no-op without a host sync
-        self.router_bias.add_(self.router_bias_rate * torch.sign(load.mean() - load))
-        load.zero_()
+# %% ../nbs/07_moe.ipynb #f0a38795
+@patch
+def route(self:MoEFFN, h, # (N, d_model) flat tokens
+          hc=None):   # h in the experts' dtype: under bf16, the router's backward runs in bf16 into it
+    "Router logits (fp32), affinities `s`, chosen experts `idx` (N, top_k) and their gate weights."
+    with torch.autocast(h.device.type, enabled=False):  # routing decisions in fp32 even under bf16 autocast
+        if hc is None or hc.dtype == torch.float32: logits = F.linear(h.float(), self.router.weight.float())
+        else: logits = _RouterLogits.apply(h, hc, self.router.weight)
+    s = torch.sigmoid(logits)
+    n, p = h.shape[0], self.n_populations
+    per_pop, k = self.n_routed // p, self.top_k // p
+    choice = (s.detach() + self.router_bias).view(n, p, per_pop)  # the bias picks, never weighs
+    first = torch.arange(p, device=h.device).view(1, p, 1) * per_pop
+    if k == 1: best = choice.max(-1, keepdim=True).indices  # max: 10x faster than topk(1) on a CPU
+    elif k == 2:  # the best, then the best of the rest: topk(2)'s picks (ties to the lower expert), 2x faster on a CPU
+        top = choice.max(-1, keepdim=True).indices
+        best = torch.cat([top, choice.scatter(-1, top, -math.inf).max(-1, keepdim=True).indices], -1)
+    else: best = choice.topk(k, dim=-1).indices
+    idx = (best + first).view(n, p * k)  # top_k/p from each population
+    chosen = s.gather(1, idx)
+    return logits, s, idx, chosen / chosen.sum(-1, keepdim=True)
 
 # %% ../nbs/07_moe.ipynb #32dd9b17
 def _population_overlap_reference(y_pop): # (N, n_populations, d_model) each population's gated output per token
@@ -277,6 +216,66 @@ def _combine_populations(y_pop): # (p, N, d)
     if y_pop.shape[0] < 2: return y_pop[0], y_pop.new_zeros((), dtype=torch.float32)
     with torch.autocast(y_pop.device.type, enabled=False): return _CombinePopulations.apply(y_pop)
 
+# %% ../nbs/07_moe.ipynb #d1735cfe
+@patch
+def _compute_dtype(self:MoEFFN, x):
+    return torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+
+@patch
+def forward(self:MoEFFN, x): # (B, T, d_model) or any (..., d_model)
+    """`(y, aux, routing)`: output like `x`; raw `aux` terms `z_loss` and `orthogonality` (the model multiplies them
+        by `cfg.z_loss_weight` and `cfg.orthogonality_loss_weight`); detached `routing` statistics of this forward."""
+    shape, d = x.shape, x.shape[-1]
+    h = x.reshape(-1, d)
+    n, p, k = h.shape[0], self.n_populations, self.top_k
+    dtype = self._compute_dtype(x)  # the experts' matmul dtype: bf16 under autocast
+    hc = h.to(dtype)  # cast once, for the router's backward and before the gather (a no-op in fp32)
+    logits, s, idx, gates = self.route(h, hc)
+
+    # dropless sorted dispatch: the (token, expert) pairs sorted by expert, one contiguous slice per expert
+    expert = idx.reshape(-1)                                   # (N*top_k,)
+    order = expert.argsort(stable=True)
+    token = order // k                                         # each sorted pair's token
+    dest = expert[order] // (self.n_routed // p) * n + token   # ... and its output row: population-major
+    counts = expert.new_zeros(self.n_routed).index_add_(0, expert, torch.ones_like(expert))  # pairs per expert (static shape, unlike bincount)
+    compiling = torch.compiler.is_compiling()
+    grouped = self.dispatch == 'grouped' or (self.dispatch == 'auto' and self._can_group and dtype == torch.bfloat16)
+    w13 = self.routed_w13.to(dtype)  # (n_routed, d_model, 2*expert_d_ff)
+    # the populations' outputs stay apart, one contiguous (N, d) block each, for the orthogonality term
+    y_pop = torch.zeros(p * n, d, device=x.device, dtype=dtype)
+    experts, sized, gate = _experts_grouped if grouped else _experts_loop, counts, gates.reshape(-1, 1)[order].to(dtype)
+    if compiling and not grouped and x.device.type == 'cpu':  # the loop's host sync would break the graph: a static capacity
+        # instead (n_routed/top_k times the expert work; a GPU compiles fp32 with the loop's graph break rather than pay that)
+        experts, (sized, token, dest, gate) = _experts_bmm, _static_layout(expert[order], counts, token, dest, gate, n)
+    elif x.device.type == 'cpu' and dtype == torch.bfloat16 and not compiling:  # eager oneDNN: few shapes
+        if grouped: experts, sized, token, dest, gate = _padded_layout(counts, token, dest, gate)
+        else: sized, token, dest, gate = _stable_sizes(counts, token, dest, gate)
+    y_pop = experts(hc.index_select(0, token), dest, gate, sized, w13, self.routed_w2.to(dtype), y_pop).view(p, n, d)
+    y, overlap = _combine_populations(y_pop)
+    if self.n_shared:  # addmm: the add rides on the matmul, no separate pass over y
+        y = torch.addmm(y, _glu(hc @ self.shared_w13.to(dtype)), self.shared_w2.to(dtype))
+
+    aux = dict(z_loss=torch.logsumexp(logits, dim=-1).square().mean(), orthogonality=overlap)
+    self._count_load(counts)
+    return y.to(x.dtype).view(shape), aux, self._routing_stats(counts, aux['orthogonality'], n * k)
+
+# %% ../nbs/07_moe.ipynb #62f72f9f
+@patch
+def _count_load(self:MoEFFN, counts):
+    # Once per real forward: a checkpointed layer re-runs forward inside backward (torch.utils.checkpoint, either
+    # flavour), which is the only place autograd's graph task id is set. Compiled graphs replay no buffer mutation.
+    if self.training and (torch.compiler.is_compiling() or torch._C._current_graph_task_id() == -1):
+        self.expert_load.add_(counts.float())
+
+@patch
+@torch.no_grad()
+def _routing_stats(self:MoEFFN, counts, overlap, pairs:int): # pairs: counts.sum(), known on the host (tokens * top_k)
+    load = counts / max(pairs, 1)   # the same float division as counts.float() / counts.sum(), two operators fewer
+    min_load, max_load = torch.aminmax(load)
+    entropy = -torch.special.xlogy(load, load).sum() / math.log(self.n_routed) if self.n_routed > 1 else load.sum()
+    return dict(load=load, entropy=entropy, max_load=max_load, min_load=min_load, dead_experts=(counts == 0).sum(),
+                bias_abs_mean=self.router_bias.abs().mean(), population_overlap=overlap.detach())
+
 # %% ../nbs/07_moe.ipynb #72381efa
 def reference_moe(m:MoEFFN, x:torch.Tensor # (..., d_model)
                  ) -> tuple[torch.Tensor, torch.Tensor]: # output like x; (N, n_populations, d_model) each population's gated output
@@ -299,3 +298,15 @@ def reference_moe(m:MoEFFN, x:torch.Tensor # (..., d_model)
                      torch.zeros(h.shape[1]))
         ys.append(sum(pop_out) + shared); pops.append(torch.stack(pop_out))
     return torch.stack(ys).view(x.shape), torch.stack(pops)
+
+# %% ../nbs/07_moe.ipynb #20bad1c5
+@patch
+@torch.no_grad()
+def update_router_bias(self:MoEFFN):
+    "Loss-free balancing step (DeepSeek-V3) from the load counted since the last call; call once per optimizer step."
+    load = self.expert_load
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(load)  # every rank counts its own tokens; all must apply the same step
+    # nothing counted: mean - load is all zeros and sign(0) = 0, so this is a no-op without a host sync
+    self.router_bias.add_(self.router_bias_rate * torch.sign(load.mean() - load))
+    load.zero_()
