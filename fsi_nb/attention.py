@@ -5,6 +5,7 @@
 # %% ../nbs/06_attention.ipynb #55817010
 from __future__ import annotations
 import math, torch, torch.nn as nn, torch.nn.functional as F
+from fastcore.basics import patch
 from .config import FSIEdgeConfig
 from .layers import RMSNorm, apply_rope, rope_cache, expand_kv, masked_attention, shape_constant
 from .helix import helix_attention, HelixCache
@@ -148,7 +149,7 @@ class AttentionState:
         own = sum(t.nbytes for t in (self.local_k, self.local_v, self.anchor_k, self.anchor_v, self.anchor_depth))
         return own + (self.helix.nbytes() if self.helix is not None else 0)
 
-# %% ../nbs/06_attention.ipynb #3bbe6a68
+# %% ../nbs/06_attention.ipynb #12bdabdf
 class HybridAttention(nn.Module):
     "Local, struct and global (Helix) heads over shared GQA projections with QK-Norm and RoPE."
     def __init__(self, cfg:FSIEdgeConfig):
@@ -187,10 +188,6 @@ class HybridAttention(nn.Module):
         B, KV, T, D = x.shape
         return x[:, :, None].expand(B, KV, self.n_heads // KV, T, D).reshape(B, self.n_heads, T, D)
 
-    def _kind(self, q, k, v, name):
-        lo, hi = self.head_range[name]
-        return q[:, lo:hi], expand_kv(k, lo, hi, self.n_heads), expand_kv(v, lo, hi, self.n_heads)
-
     def forward(self, x, # (B, T, d_model)
                 depth, anchor, # (B, T) from `token_structure`
                 rope, # (cos, sin), each (T, head_dim/2)
@@ -212,75 +209,68 @@ class HybridAttention(nn.Module):
             out.append(helix_attention(qg, kg, vg, self.window_size) if state is None else state.helix.prefill(qg, kg, vg))
         return self.wo(torch.cat(out, 1).transpose(1, 2).reshape(B, T, -1))
 
-    def _fill_state(self, k, v, depth, anchor, state):
-        "What `step` would have stored after this sequence: the last window of keys, the last anchors."
-        B, _, T, D = k.shape
-        W, S = self.window_size, self.struct_lines
-        (klo, khi), (alo, ahi) = self.kv_range['local'], self.kv_range['struct']
-        p = torch.arange(max(0, T - W), T, device=k.device)
-        # in the state's dtype: under bf16 autocast v comes out of its projection in bf16, k (QK-normed) in fp32
-        state.local_k[:, :, p % W], state.local_v[:, :, p % W] = k[:, klo:khi, p].to(state.local_k.dtype), v[:, klo:khi, p].to(state.local_v.dtype)
-        if not self.struct_heads: return
-        count = anchor.long().sum(1)                                     # (B,) anchors in the prompt
-        pos, valid = _last_anchors(anchor, count, S)                     # (B, S), (B, S)
-        slot = (count[:, None] - S + torch.arange(S, device=k.device)) % S  # where step would have put them
-        idx = pos[:, None, :, None].expand(B, ahi - alo, S, D)
-        for buf, src in ((state.anchor_k, k), (state.anchor_v, v)):
-            buf.scatter_(2, slot[:, None, :, None].expand_as(idx), (src[:, alo:ahi].gather(2, idx) * valid[:, None, :, None]).to(buf.dtype))
-        state.anchor_depth.scatter_(1, slot, (depth.gather(1, pos) * valid).to(state.anchor_depth.dtype))
+# %% ../nbs/06_attention.ipynb #7aa8b245
+@patch
+def init_state(self:HybridAttention, batch:int, max_len:int=2**20, device=None, dtype=torch.float32) -> AttentionState:
+    "An empty generation state for `batch` sequences of up to `max_len` tokens."
+    return AttentionState(self, batch, max_len, device, dtype)
 
-    def init_state(self, batch:int, max_len:int=2**20, device=None, dtype=torch.float32) -> AttentionState:
-        "An empty generation state for `batch` sequences of up to `max_len` tokens."
-        return AttentionState(self, batch, max_len, device, dtype)
+@patch
+def step(self:HybridAttention, x, # (B, 1, d_model): the token at position `pos`
+         pos, # long scalar tensor: its position
+         depth, anchor, # (B,) float depth and bool anchor of this token
+         n_anchors, # (B,) long: anchors before this token
+         rope, # (cos, sin), each (1, head_dim/2), the angles at `pos`
+         state:AttentionState) -> torch.Tensor:
+    "The streaming (generation) form: one token in, one out; updates `state` in place."
+    B = x.shape[0]
+    q, k, v = self._qkv(x, *rope)                      # q (B, n_heads, 1, D); k, v (B, kv_heads, 1, D)
+    out = []
+    if self.local_heads:
+        (lo, hi), (klo, khi) = self.head_range['local'], self.kv_range['local']
+        slot = (pos % self.window_size).view(1)
+        state.local_k.index_copy_(2, slot, k[:, klo:khi].to(state.local_k.dtype))
+        state.local_v.index_copy_(2, slot, v[:, klo:khi].to(state.local_v.dtype))
+        filled = torch.arange(self.window_size, device=x.device) <= pos  # ring slots written so far
+        out.append(masked_attention(q[:, lo:hi], self._stored(state.local_k, 'local'),
+                                    self._stored(state.local_v, 'local'), filled[None]))
+    if self.struct_heads: out.append(self._struct_step(q, k, v, depth, anchor, n_anchors, state))
+    if self.global_heads: out.append(state.helix.step(*self._kind(q, k, v, 'glob')))
+    return self.wo(torch.cat(out, 1).transpose(1, 2).reshape(B, 1, -1))
 
-    def step(self, x, # (B, 1, d_model): the token at position `pos`
-             pos, # long scalar tensor: its position
-             depth, anchor, # (B,) float depth and bool anchor of this token
-             n_anchors, # (B,) long: anchors before this token
-             rope, # (cos, sin), each (1, head_dim/2), the angles at `pos`
-             state:AttentionState) -> torch.Tensor:
-        "The streaming (generation) form: one token in, one out; updates `state` in place."
-        B = x.shape[0]
-        q, k, v = self._qkv(x, *rope)                      # q (B, n_heads, 1, D); k, v (B, kv_heads, 1, D)
-        out = []
-        if self.local_heads:
-            (lo, hi), (klo, khi) = self.head_range['local'], self.kv_range['local']
-            slot = (pos % self.window_size).view(1)
-            state.local_k.index_copy_(2, slot, k[:, klo:khi].to(state.local_k.dtype))
-            state.local_v.index_copy_(2, slot, v[:, klo:khi].to(state.local_v.dtype))
-            filled = torch.arange(self.window_size, device=x.device) <= pos  # ring slots written so far
-            out.append(masked_attention(q[:, lo:hi], self._stored(state.local_k, 'local'),
-                                        self._stored(state.local_v, 'local'), filled[None]))
-        if self.struct_heads: out.append(self._struct_step(q, k, v, depth, anchor, n_anchors, state))
-        if self.global_heads: out.append(state.helix.step(*self._kind(q, k, v, 'glob')))
-        return self.wo(torch.cat(out, 1).transpose(1, 2).reshape(B, 1, -1))
+@patch
+def _stored(self:HybridAttention, x, name):
+    "A kind's stored kv heads, expanded to its query heads."
+    (lo, hi), (klo, khi) = self.head_range[name], self.kv_range[name]
+    rep = self.n_heads // self.kv_heads
+    return expand_kv(x, lo - klo * rep, hi - klo * rep, (khi - klo) * rep)
 
-    def _stored(self, x, name):
-        "A kind's stored kv heads, expanded to its query heads."
-        (lo, hi), (klo, khi) = self.head_range[name], self.kv_range[name]
-        rep = self.n_heads // self.kv_heads
-        return expand_kv(x, lo - klo * rep, hi - klo * rep, (khi - klo) * rep)
+@patch
+def _kind(self:HybridAttention, q, k, v, name):
+    lo, hi = self.head_range[name]
+    return q[:, lo:hi], expand_kv(k, lo, hi, self.n_heads), expand_kv(v, lo, hi, self.n_heads)
 
-    def _struct_step(self, q, k, v, depth, anchor, n_anchors, state):
-        (lo, hi), (klo, khi) = self.head_range['struct'], self.kv_range['struct']
-        S, H = self.struct_lines, hi - lo
-        qs, ks, vs = self._kind(q, k, v, 'struct')                           # (B, H, 1, D)
-        ka, va = self._stored(state.anchor_k, 'struct'), self._stored(state.anchor_v, 'struct')  # (B, H, S, D)
-        scale = 1 / math.sqrt(self.head_dim)
-        s_self = (qs * ks).sum(-1) * scale                                  # (B, H, 1)
-        s_anchor = (qs @ ka.transpose(-1, -2)).squeeze(-2) * scale          # (B, H, S)
-        dist = (depth[:, None] - state.anchor_depth).abs()                  # (B, S)
-        s_anchor = s_anchor - F.softplus(self.struct_bias).view(1, H, 1) * dist[:, None]
-        valid = torch.arange(S, device=q.device) < n_anchors[:, None]      # ring slots holding an anchor
-        s_anchor = s_anchor.masked_fill(~valid[:, None], float('-inf'))
-        p = torch.cat([s_self, s_anchor], -1).float().softmax(-1).to(vs.dtype)
-        out = p[..., :1, None] * vs + (p[..., None, 1:] @ va)               # (B, H, 1, D)
-        # this token becomes an anchor for the ones after it: write it into ring slot n_anchors % S
-        write = (torch.arange(S, device=q.device) == (n_anchors % S)[:, None]) & anchor[:, None]   # (B, S)
-        state.anchor_k.copy_(torch.where(write[:, None, :, None], k[:, klo:khi], state.anchor_k))
-        state.anchor_v.copy_(torch.where(write[:, None, :, None], v[:, klo:khi], state.anchor_v))
-        state.anchor_depth.copy_(torch.where(write, depth[:, None], state.anchor_depth))
-        return out
+@patch
+def _struct_step(self:HybridAttention, q, k, v, depth, anchor, n_anchors, state):
+    (lo, hi), (klo, khi) = self.head_range['struct'], self.kv_range['struct']
+    S, H = self.struct_lines, hi - lo
+    qs, ks, vs = self._kind(q, k, v, 'struct')                           # (B, H, 1, D)
+    ka, va = self._stored(state.anchor_k, 'struct'), self._stored(state.anchor_v, 'struct')  # (B, H, S, D)
+    scale = 1 / math.sqrt(self.head_dim)
+    s_self = (qs * ks).sum(-1) * scale                                  # (B, H, 1)
+    s_anchor = (qs @ ka.transpose(-1, -2)).squeeze(-2) * scale          # (B, H, S)
+    dist = (depth[:, None] - state.anchor_depth).abs()                  # (B, S)
+    s_anchor = s_anchor - F.softplus(self.struct_bias).view(1, H, 1) * dist[:, None]
+    valid = torch.arange(S, device=q.device) < n_anchors[:, None]      # ring slots holding an anchor
+    s_anchor = s_anchor.masked_fill(~valid[:, None], float('-inf'))
+    p = torch.cat([s_self, s_anchor], -1).float().softmax(-1).to(vs.dtype)
+    out = p[..., :1, None] * vs + (p[..., None, 1:] @ va)               # (B, H, 1, D)
+    # this token becomes an anchor for the ones after it: write it into ring slot n_anchors % S
+    write = (torch.arange(S, device=q.device) == (n_anchors % S)[:, None]) & anchor[:, None]   # (B, S)
+    state.anchor_k.copy_(torch.where(write[:, None, :, None], k[:, klo:khi], state.anchor_k))
+    state.anchor_v.copy_(torch.where(write[:, None, :, None], v[:, klo:khi], state.anchor_v))
+    state.anchor_depth.copy_(torch.where(write, depth[:, None], state.anchor_depth))
+    return out
 
 # %% ../nbs/06_attention.ipynb #c2249c09
 def _code_like_ids(B, T, vocab_size, seed=0):
@@ -293,3 +283,22 @@ def _code_like_ids(B, T, vocab_size, seed=0):
     ids[(r >= 0.14) & (r < 0.19)] = 41    # )
     ids[(r >= 0.19) & (r < 0.22)] = 123   # {
     return ids
+
+# %% ../nbs/06_attention.ipynb #697ebed1
+@patch
+def _fill_state(self:HybridAttention, k, v, depth, anchor, state):
+    "What `step` would have stored after this sequence: the last window of keys, the last anchors."
+    B, _, T, D = k.shape
+    W, S = self.window_size, self.struct_lines
+    (klo, khi), (alo, ahi) = self.kv_range['local'], self.kv_range['struct']
+    p = torch.arange(max(0, T - W), T, device=k.device)
+    # in the state's dtype: under bf16 autocast v comes out of its projection in bf16, k (QK-normed) in fp32
+    state.local_k[:, :, p % W], state.local_v[:, :, p % W] = k[:, klo:khi, p].to(state.local_k.dtype), v[:, klo:khi, p].to(state.local_v.dtype)
+    if not self.struct_heads: return
+    count = anchor.long().sum(1)                                     # (B,) anchors in the prompt
+    pos, valid = _last_anchors(anchor, count, S)                     # (B, S), (B, S)
+    slot = (count[:, None] - S + torch.arange(S, device=k.device)) % S  # where step would have put them
+    idx = pos[:, None, :, None].expand(B, ahi - alo, S, D)
+    for buf, src in ((state.anchor_k, k), (state.anchor_v, v)):
+        buf.scatter_(2, slot[:, None, :, None].expand_as(idx), (src[:, alo:ahi].gather(2, idx) * valid[:, None, :, None]).to(buf.dtype))
+    state.anchor_depth.scatter_(1, slot, (depth.gather(1, pos) * valid).to(state.anchor_depth.dtype))
