@@ -7,8 +7,25 @@ from __future__ import annotations
 import functools, torch, torch.nn as nn, torch.nn.functional as F
 
 # %% auto #0
-__all__ = ['RMSNorm', 'rope_at', 'rope_cache', 'apply_rope', 'SwiGLU', 'kv_index', 'expand_kv', 'masked_attention',
-           'shape_constant']
+__all__ = ['assert_scaled_close', 'RMSNorm', 'rope_at', 'rope_cache', 'apply_rope', 'SwiGLU', 'kv_index', 'expand_kv',
+           'masked_attention', 'shape_constant']
+
+# %% ../nbs/04_layers.ipynb #ec1fd64f
+def assert_scaled_close(actual, expected, # tensors (or sequences of them, or numbers) of the same shape
+                        rtol:float=1e-5,  # allowed difference, as a fraction of `expected`'s largest magnitude
+                        msg:str=''):
+    "Raise unless `actual` and `expected` differ nowhere by more than `rtol` times `expected`'s largest magnitude."
+    if isinstance(expected, (list, tuple)):
+        if len(actual) != len(expected): raise AssertionError(f"{msg}: {len(actual)} values against {len(expected)}")
+        for i, (a, e) in enumerate(zip(actual, expected)): assert_scaled_close(a, e, rtol, f'{msg}[{i}]')
+        return
+    a, e = torch.as_tensor(actual).detach().double(), torch.as_tensor(expected).detach().double()
+    if a.shape != e.shape: raise AssertionError(f"{msg}: shape {tuple(a.shape)} against {tuple(e.shape)}")
+    scale = e.abs().max().item() if e.numel() else 0.0
+    worst = (a - e).abs().max().item() if e.numel() else 0.0
+    if not worst <= rtol * max(scale, torch.finfo(torch.float32).tiny):   # `not <=` also catches NaN
+        raise AssertionError(f"{msg + ': ' if msg else ''}differ by {worst:.3g}, more than rtol={rtol:g} of the values' scale {scale:.3g}")
+
 
 # %% ../nbs/04_layers.ipynb #430e95e5
 class RMSNorm(nn.Module):
