@@ -6,12 +6,13 @@
 from __future__ import annotations
 import logging
 import numpy as np, torch
+from .config import DataMix, PRETRAINING_MIX
 from .tokenizer import SPECIAL_TOKENS, load_tokenizer, tokenizer_sha256
 from .shards import CATEGORIES, manifest_path, manifest_sha256, verify_manifest
 
 # %% auto #0
-__all__ = ['MIX_PHASES', 'SEED_RUN_STEPS', 'log', 'STAGE_MIX', 'mix_for_step', 'seq_len_for_step', 'fim_permute', 'Batcher',
-           'global_micro', 'CodeDataset', 'collate_fn']
+__all__ = ['MIX_PHASES', 'SEED_RUN_STEPS', 'log', 'mix_for_step', 'seq_len_for_step', 'fim_permute', 'Batcher', 'global_micro',
+           'CodeDataset', 'collate_fn']
 
 # %% ../nbs/03e_batches.ipynb #c84fce01
 MIX_PHASES = ((0.0, {'code': 1.0}), (0.1, {'code': 0.7, 'nlp': 0.3}), (0.5, {'code': 0.5, 'nlp': 0.4, 'reasoning': 0.1}))
@@ -50,24 +51,20 @@ def fim_permute(tokens:np.ndarray, rng:np.random.Generator, special:dict, rate:f
 
 # %% ../nbs/03e_batches.ipynb #a03e0009
 log = logging.getLogger(__name__)
-STAGE_MIX = {'stage1': None, 'stage5': 'final', 'stage1b': {'code': 1.0}, 'stage2': {'reasoning': 1.0}, 'stage2b': {'reasoning': 1.0}}
 _SPLIT_CODE = {'train': 0, 'val': 1}
-_STAGE_CODE = {s: i for i, s in enumerate(STAGE_MIX)}   # in the batch seed, so that each stage draws its own windows
 
 # %% ../nbs/03e_batches.ipynb #28485353
 class Batcher:
-    "Deterministic training windows: a pure function of (seed, split, step, micro, stage, schedule)."
+    "Deterministic training windows: a pure function of (seed, split, step, micro, mix, schedule)."
     def __init__(self, data_dir, split:str='train', seed:int=1337,
-                 stage:str='stage1',           # stage1/5: data-mix phases; stage1b: code with FIM; stage2/2b: cold-start reasoning
+                 mix:DataMix=PRETRAINING_MIX,  # what to draw: a stage's `data_mix` (or `val_mix`)
                  max_steps:int|None=None,      # scales the phase boundaries; None: the seeds' 10K/50K
-                 fim_rate:float|None=None,     # None: 0.8 in stage1b, else 0
                  verify:bool=True):            # check shard SHA-256s now
         if split not in _SPLIT_CODE: raise ValueError(f"split={split!r}. Fix: use 'train' or 'val'.")
-        if stage not in STAGE_MIX: raise ValueError(f"stage={stage!r} has no pretraining batches. Fix: use one of {', '.join(STAGE_MIX)} (stage3/3b/4 sample from the model, not from shards).")
+        if not isinstance(mix, DataMix): raise ValueError(f"mix={mix!r} is not a DataMix. Fix: pass one, e.g. fsi_nb.config.FINAL_MIX.")
         self.root = manifest_path(data_dir).parent
         self.manifest = verify_manifest(self.root, check_hashes=verify)
-        self.split, self.seed, self.stage, self.max_steps = split, seed, stage, max_steps
-        self.fim_rate = (0.8 if stage == 'stage1b' else 0.0) if fim_rate is None else fim_rate
+        self.split, self.seed, self.mix, self.max_steps = split, seed, mix, max_steps
         self.tokenizer_sha256, self.manifest_sha256 = self.manifest['tokenizer_sha256'], manifest_sha256(self.root)
         self.vocab_size, self.pad_id, self.special = self.manifest['vocab_size'], self.manifest['pad_id'], self.manifest['special_tokens']
         self.shards = {c: [s for s in self.manifest['shards'] if s['category'] == c and s['split'] == split] for c in CATEGORIES}
@@ -80,10 +77,10 @@ class Batcher:
 
     def weights(self, step:int) -> dict:
         "The data mix at `step`, over the categories this split has tokens for."
-        mix = STAGE_MIX[self.stage]
+        mix = self.mix.weights
         w = mix_for_step(step, self.max_steps) if mix is None else dict(MIX_PHASES[-1][1]) if mix == 'final' else dict(mix)
         have = {c: v for c, v in w.items() if self.total[c] > 0}
-        if not have: raise ValueError(f"{self.stage} needs {list(w)} tokens but {self.root} ({self.split}) has none. Fix: prepare with the sources for them.")
+        if not have: raise ValueError(f"this mix needs {list(w)} tokens but {self.root} ({self.split}) has none. Fix: prepare with the sources for them.")
         if len(have) < len(w) and frozenset(w) not in self._warned:
             self._warned.add(frozenset(w)); log.warning('no %s tokens in %s; mixing %s only', sorted(set(w) - set(have)), self.split, sorted(have))
         z = sum(have.values())
@@ -99,8 +96,7 @@ class Batcher:
         return np.concatenate(out).astype(np.int64)
 
     def _draw(self, step, micro, batch_size):
-        # stage1 keeps the seed it always had; every other stage adds its code (stage2 and stage2b drew the same rows before)
-        extra = [] if self.stage == 'stage1' else [_STAGE_CODE[self.stage]]
+        extra = [] if self.mix.seed_code is None else [self.mix.seed_code]
         rng = np.random.default_rng([self.seed, _SPLIT_CODE[self.split], step, micro, *extra])
         w = self.weights(step); cats = list(w)
         return rng, [cats[i] for i in rng.choice(len(cats), size=batch_size, p=np.array(list(w.values())))]
@@ -116,7 +112,7 @@ class Batcher:
         for b, cat in enumerate(cats):
             start = int(rng.integers(0, max(self.total[cat] - seq_len, 0) + 1))
             row = self._read(cat, start, seq_len)
-            if self.fim_rate and cat == 'code': row = fim_permute(row, rng, self.special, self.fim_rate)
+            if self.mix.fim_rate and cat == 'code': row = fim_permute(row, rng, self.special, self.mix.fim_rate)
             x[b, :len(row)] = row; y[b, :len(row)] = row
         return dict(input_ids=torch.from_numpy(x), labels=torch.from_numpy(y))
 

@@ -304,7 +304,7 @@ def bench_loop(presets=('tiny', 'med'), # CPU presets to train briefly
             ms = lambda sec: sec / r.step * 1e3
             data, compute = ms(t['data']), ms(t['total'] - t['data'] - t['log'] - t['checkpoint'])
             log = t['log'] / n_logs / settings.log_interval * 1e3            # a log line every log_interval steps
-            ckpt = t['checkpoint'] / settings.checkpoint_interval * 1e3       # one save every checkpoint_interval steps
+            ckpt = t['checkpoint'] / settings.save_interval * 1e3       # one save every save_interval steps
             rows.append(dict(preset=name, steps=r.step, tokens_per_step=r.tokens // r.step, compute_ms=compute, data_ms=data,
                              log_ms_amortized=log, checkpoint_s=t['checkpoint'], checkpoint_ms_amortized=ckpt,
                              step_ms=compute + data + log + ckpt, overhead=(data + log + ckpt) / (compute + data + log + ckpt),

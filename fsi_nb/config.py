@@ -9,9 +9,10 @@ from dataclasses import dataclass, field, asdict, replace, fields
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['LOSS_CHUNK_LOGITS', 'PRESETS', 'STAGES', 'PRESET_STAGES', 'FSIEdgeConfig', 'TrainConfig', 'loss_chunk_rows', 'Preset',
-           'get_preset', 'Stage', 'config_to_dict', 'config_from_dict', 'Settings', 'find_settings', 'load_settings',
-           'check_parameters']
+__all__ = ['OBJECTIVE_CONFIGS', 'LOSS_CHUNK_LOGITS', 'PRESETS', 'PRETRAINING_MIX', 'FINAL_MIX', 'FIM_MIX', 'STAGES',
+           'FSIEdgeConfig', 'TrainConfig', 'SFTConfig', 'GRPOConfig', 'DPOConfig', 'loss_chunk_rows', 'Preset',
+           'get_preset', 'DataMix', 'Stage', 'get_stage', 'config_to_dict', 'config_from_dict', 'Settings',
+           'find_settings', 'load_settings', 'check_parameters']
 
 # %% ../nbs/00_config.ipynb #99b32d5f
 def _check(ok, field_name, value, problem, fix):
@@ -94,7 +95,7 @@ class FSIEdgeConfig:
 # %% ../nbs/00_config.ipynb #917d518e
 @dataclass
 class TrainConfig:
-    "Optimizer, schedule, precision and run plumbing (defaults from the seeds)."
+    "Optimizer, schedule, precision and run plumbing (defaults from the seeds); what an objective needs is in its own config."
     batch_size: int = 8                # sequences per micro-batch
     grad_accum: int = 4                # micro-batches per optimizer step
     seq_len: int = 128                 # final training length (the curriculum may start shorter)
@@ -120,19 +121,10 @@ class TrainConfig:
     budget_hours: float | None = None  # stop with a final checkpoint before this wall time
     stage: str = 'stage1'              # what the run trains: a name in `STAGES` below (its objective, data and numbers)
     init_from: str = ''                # a run folder or checkpoint whose weights start this run (fresh optimizer); '' = from scratch
-    epochs: float = 0.0                # record stages (SFT, DPO): passes over the records, which sets max_steps; 0 = use max_steps
     eval_interval: int = 250           # optimizer steps between validations on held-out data (and at the end)
     eval_batches: int = 8              # held-out batches per validation
     early_stop_patience: int = 0       # stop after this many validations without a new best; 0 = never
     keep_every: int = 0                # also keep every checkpoint whose step is a multiple of this; 0 = only the last keep_checkpoints
-    group_size: int = 8                # RL: samples per prompt (GRPO's group)
-    max_new_tokens: int = 96           # RL and DPO sampling: tokens generated per sample
-    temperature: float = 1.0           # RL and DPO sampling temperature
-    clip_eps: float = 0.2              # GRPO: the ratio's clip range
-    kl_coef: float = 0.0               # GRPO: weight of the KL to the frozen reference (0 = none)
-    dpo_beta: float = 0.1              # DPO: the preference temperature beta
-    tasks: str = 'coldstart'           # record stages' prompts: 'coldstart' (the prepared records), 'arith' (a family a tiny model learns), or 'coldstart+arith'
-    num_prompts: int = 256             # DPO: prompts sampled for preference pairs; RL: held-out prompts per validation (at most)
     activation_checkpointing: str = 'none'  # recompute in backward rather than keep: 'moe' (each MoE layer), 'all' (each block) or 'none'
 
     def __post_init__(self):
@@ -147,19 +139,67 @@ class TrainConfig:
                'unknown device', "use 'auto', 'cpu' or 'cuda'")
         _check(self.budget_hours is None or self.budget_hours > 0, 'budget_hours', self.budget_hours, 'must be positive', 'use None for no budget')
         self.seq_curriculum = tuple(self.seq_curriculum)
-        for f in ('eval_interval', 'eval_batches', 'group_size', 'max_new_tokens', 'num_prompts'):
+        for f in ('eval_interval', 'eval_batches'):
             _check(getattr(self, f) > 0, f, getattr(self, f), 'must be positive', f'set {f} >= 1')
-        for f in ('epochs', 'early_stop_patience', 'keep_every', 'kl_coef'):
+        for f in ('early_stop_patience', 'keep_every'):
             _check(getattr(self, f) >= 0, f, getattr(self, f), 'must not be negative', f'set {f} >= 0 (0 switches it off)')
-        _check(self.temperature > 0, 'temperature', self.temperature, 'must be positive', 'use e.g. 1.0')
-        _check(0 < self.clip_eps < 1, 'clip_eps', self.clip_eps, 'must be in (0, 1)', 'use e.g. 0.2')
-        _check(self.dpo_beta > 0, 'dpo_beta', self.dpo_beta, 'must be positive', 'use e.g. 0.1')
         _check(self.activation_checkpointing in ('none', 'moe', 'all'), 'activation_checkpointing', self.activation_checkpointing,
                'unknown mode', "use 'none', 'moe' (each MoE layer) or 'all' (each block)")
         for s in self.seq_curriculum: _check(s > 0, 'seq_curriculum', self.seq_curriculum, 'lengths must be positive', 'e.g. (128, 256, 512)')
 
     @property
     def tokens_per_step(self): return self.batch_size * self.grad_accum * self.seq_len
+
+# %% ../nbs/00_config.ipynb #b0ab052f
+def _positive(cfg, *names):
+    for f in names: _check(getattr(cfg, f) > 0, f, getattr(cfg, f), 'must be positive', f'set {f} >= 1')
+
+@dataclass
+class SFTConfig:
+    "Supervised fine-tuning on records (stages 2 and 2b)."
+    epochs: float = 0.0                # passes over the records, which sets max_steps; 0 = use max_steps
+    tasks: str = 'coldstart'           # the prompts: 'coldstart' (the prepared records), 'arith' (a family a tiny model learns), or 'coldstart+arith'
+    kinds: tuple = ()                  # record kinds to train on, of 'code', 'math', 'explain'; (): the objective's own
+    def __post_init__(self):
+        self.kinds = tuple(self.kinds)
+        _check(self.epochs >= 0, 'epochs', self.epochs, 'must not be negative', 'set epochs >= 0 (0: use max_steps)')
+        _check(set(self.kinds) <= {'code', 'math', 'explain'}, 'kinds', self.kinds, 'unknown record kind', "use some of 'code', 'math', 'explain'")
+
+@dataclass
+class GRPOConfig:
+    "Group-relative policy optimization (stages 3 and 3b): groups of samples per prompt, a clipped ratio, an optional KL."
+    tasks: str = 'coldstart'           # the prompts, as in `SFTConfig`
+    group_size: int = 8                # samples per prompt (GRPO's group)
+    max_new_tokens: int = 96           # tokens generated per sample
+    temperature: float = 1.0           # sampling temperature
+    clip_eps: float = 0.2              # the ratio's clip range
+    kl_coef: float = 0.0               # weight of the KL to the frozen reference (0 = none)
+    num_prompts: int = 256             # held-out prompts per validation (at most)
+    def __post_init__(self):
+        _positive(self, 'group_size', 'max_new_tokens', 'num_prompts')
+        _check(self.temperature > 0, 'temperature', self.temperature, 'must be positive', 'use e.g. 1.0')
+        _check(0 < self.clip_eps < 1, 'clip_eps', self.clip_eps, 'must be in (0, 1)', 'use e.g. 0.2')
+        _check(self.kl_coef >= 0, 'kl_coef', self.kl_coef, 'must not be negative', 'set kl_coef >= 0 (0 switches it off)')
+
+@dataclass
+class DPOConfig:
+    "Direct preference optimization (stage 4) on pairs sampled from the starting weights and judged by their tests."
+    epochs: float = 0.0                # passes over the pairs, which sets max_steps; 0 = use max_steps
+    tasks: str = 'coldstart'           # the prompts, as in `SFTConfig`
+    group_size: int = 8                # samples per prompt to find a passing and a failing one
+    max_new_tokens: int = 96           # tokens generated per sample
+    temperature: float = 1.0           # sampling temperature
+    dpo_beta: float = 0.1              # the preference temperature beta
+    num_prompts: int = 256             # prompts sampled for preference pairs
+    def __post_init__(self):
+        _positive(self, 'group_size', 'max_new_tokens', 'num_prompts')
+        _check(self.epochs >= 0, 'epochs', self.epochs, 'must not be negative', 'set epochs >= 0 (0: use max_steps)')
+        _check(self.temperature > 0, 'temperature', self.temperature, 'must be positive', 'use e.g. 1.0')
+        _check(self.dpo_beta > 0, 'dpo_beta', self.dpo_beta, 'must be positive', 'use e.g. 0.1')
+
+OBJECTIVE_CONFIGS = dict(next_token=None, fim=None, sft=SFTConfig, sft_reasoning=SFTConfig,
+                         grpo_format=GRPOConfig, grpo_execution=GRPOConfig, dpo=DPOConfig)   # objective -> its settings (None: none)
+
 
 # %% ../nbs/00_config.ipynb #107ad1c3
 LOSS_CHUNK_LOGITS = dict(cpu=1 << 22, gpu=1 << 25)  # logits per chunk of the fused loss: 16 MB fp32 on a CPU, 128 MB on a GPU
@@ -212,45 +252,61 @@ def get_preset(name:str # one of `PRESETS`
 
 # %% ../nbs/00_config.ipynb #5cb157c1
 @dataclass(frozen=True)
+class DataMix:
+    "What a stage's batches draw from the shards: category weights, the FIM rate, and the stage's own code in the batch seed."
+    weights: dict | str | None = None  # None: the pretraining phases by step (`fsi_nb.batches.MIX_PHASES`); 'final': the last phase; or fixed weights
+    fim_rate: float = 0.0              # share of code documents rearranged for fill-in-the-middle (PSM 60%, SPM 40%)
+    seed_code: int | None = None       # joins the batch seed so that each stage draws its own windows; None: the seed alone
+
+PRETRAINING_MIX = DataMix()                        # stage 1: the data-mix phases
+FINAL_MIX = DataMix('final', seed_code=1)          # stage 5, and every next-token validation
+FIM_MIX = DataMix({'code': 1.0}, fim_rate=0.8, seed_code=2)
+
+@dataclass(frozen=True)
 class Stage:
     "One stage of the pipeline: its objective, its data, and the numbers it lays over the preset."
     name: str
     objective: str            # a name in `fsi_nb.objectives.OBJECTIVES`
     data: str                 # what it trains on, in words
-    starts_from: str | None   # the stage whose final weights it starts from; None: from scratch
-    train: dict = field(default_factory=dict)   # TrainConfig fields over the preset's
-    model: dict = field(default_factory=dict)   # FSIEdgeConfig fields over the preset's (RoPE base, max length)
+    starts_from: str | None   # the stage whose final weights it starts from; None: from scratch (the pretraining stage)
+    train: dict = field(default_factory=dict)    # TrainConfig fields over the preset's
+    model: dict = field(default_factory=dict)    # FSIEdgeConfig fields over the preset's (RoPE base, max length)
+    data_mix: DataMix | None = None              # what its batches draw; None: it samples from the model or reads records
+    val_mix: DataMix = FINAL_MIX                 # what a next-token validation of it draws
+    presets: dict = field(default_factory=dict)  # preset name -> numbers measured on that preset, over `train`
 
+    def numbers(self, preset:str) -> dict:
+        "The TrainConfig numbers this stage lays over `preset`'s: its own, then those measured on that preset."
+        return self.train | self.presets.get(preset, {})
+
+_SFT, _RL = dict(lr=1e-5, min_lr=1e-6, epochs=3.0, warmup_steps=10), dict(lr=1e-5, min_lr=1e-6, max_steps=500, warmup_steps=10, batch_size=4, grad_accum=1)
 STAGES = {s.name: s for s in [
-    Stage('stage1', 'next_token', 'pretraining mix: code, then code + natural language, then + reasoning', None),
+    Stage('stage1', 'next_token', 'pretraining mix: code, then code + natural language, then + reasoning', None, data_mix=PRETRAINING_MIX),
     Stage('stage1b', 'fim', 'code with fill-in-the-middle on 80% of documents (PSM 60%, SPM 40%)', 'stage1',
-          dict(max_steps=500, warmup_steps=25)),
-    Stage('stage2', 'sft', 'instruction records (code tasks, explain-this-code); loss on the answer only', 'stage1b',
-          dict(lr=1e-5, min_lr=1e-6, epochs=3.0, warmup_steps=10)),
-    Stage('stage2b', 'sft_reasoning', 'cold-start reasoning records; loss on thought and answer', 'stage2',
-          dict(lr=1e-5, min_lr=1e-6, epochs=3.0, warmup_steps=10)),
-    Stage('stage3', 'grpo_format', 'RL on record prompts; reward: structural tokens present and in order', 'stage2b',
-          dict(lr=1e-5, min_lr=1e-6, max_steps=500, warmup_steps=10, batch_size=4, grad_accum=1)),
-    Stage('stage3b', 'grpo_execution', 'RL on code prompts; reward: the sample passes the task tests in the sandbox', 'stage3',
-          dict(lr=1e-5, min_lr=1e-6, max_steps=500, warmup_steps=10, batch_size=4, grad_accum=1)),
+          dict(max_steps=500, warmup_steps=25), data_mix=FIM_MIX, val_mix=FIM_MIX,
+          presets=dict(tiny=dict(max_steps=200))),
+    Stage('stage2', 'sft', 'instruction records (code tasks, explain-this-code); loss on the answer only', 'stage1b', _SFT,
+          presets=dict(tiny=dict(lr=3e-3, epochs=6.0, tasks='coldstart+arith', eval_interval=200))),
+    Stage('stage2b', 'sft_reasoning', 'cold-start reasoning records; loss on thought and answer', 'stage2', _SFT,
+          presets=dict(tiny=dict(lr=1e-3, epochs=2.0, tasks='coldstart+arith', eval_interval=200))),
+    Stage('stage3', 'grpo_format', 'RL on record prompts; reward: structural tokens present and in order', 'stage2b', _RL,
+          presets=dict(tiny=dict(lr=3e-4, max_steps=40, tasks='coldstart+arith', max_new_tokens=88, num_prompts=32, eval_interval=10))),
+    Stage('stage3b', 'grpo_execution', 'RL on code prompts; reward: the sample passes the task tests in the sandbox', 'stage3', _RL,
+          presets=dict(tiny=dict(lr=1e-4, max_steps=60, batch_size=8, tasks='arith', max_new_tokens=48, num_prompts=48, eval_interval=20))),
     Stage('stage4', 'dpo', 'pairs from execution results: a passing and a failing sample of one prompt', 'stage3b',
-          dict(lr=5e-7, min_lr=5e-8, epochs=1.0, warmup_steps=5, dpo_beta=0.1)),
+          dict(lr=5e-7, min_lr=5e-8, epochs=1.0, warmup_steps=5, dpo_beta=0.1),
+          presets=dict(tiny=dict(lr=1e-5, epochs=3.0, batch_size=8, tasks='arith', max_new_tokens=48, num_prompts=128, eval_interval=20))),
     Stage('stage5', 'next_token', 'final data mix at 128 -> 256 -> 512 tokens with RoPE base 1e6', 'stage4',
-          dict(max_steps=500, warmup_steps=25, seq_curriculum=(128, 256, 512), seq_len=512), dict(rope_base=1e6, max_seq_len=512)),
+          dict(max_steps=500, warmup_steps=25, seq_curriculum=(128, 256, 512), seq_len=512), dict(rope_base=1e6, max_seq_len=512),
+          data_mix=FINAL_MIX, presets=dict(tiny=dict(max_steps=300, eval_interval=100))),
 ]}
 
-# %% ../nbs/00_config.ipynb #669697c7
-PRESET_STAGES = {
-    'tiny': {
-        'stage1b': dict(max_steps=200),
-        'stage2': dict(lr=3e-3, epochs=6.0, tasks='coldstart+arith', eval_interval=200),
-        'stage2b': dict(lr=1e-3, epochs=2.0, tasks='coldstart+arith', eval_interval=200),
-        'stage3': dict(lr=3e-4, max_steps=40, tasks='coldstart+arith', max_new_tokens=88, num_prompts=32, eval_interval=10),
-        'stage3b': dict(lr=1e-4, max_steps=60, batch_size=8, tasks='arith', max_new_tokens=48, num_prompts=48, eval_interval=20),
-        'stage4': dict(lr=1e-5, epochs=3.0, batch_size=8, tasks='arith', max_new_tokens=48, num_prompts=128, eval_interval=20),
-        'stage5': dict(max_steps=300, eval_interval=100),
-    },
-}
+def get_stage(name:str # one of `STAGES`
+             ) -> Stage:
+    "The stage called `name`; an unknown name lists the valid ones."
+    if name not in STAGES: raise ValueError(f"{name!r} is not a stage. Fix: use one of {', '.join(STAGES)}.")
+    return STAGES[name]
+
 
 # %% ../nbs/00_config.ipynb #b7071938
 def config_to_dict(cfg) -> dict:
@@ -274,11 +330,13 @@ class Settings:
     extra_code: bool = False
     threads: int = 0                   # 0: the cores other programs leave free (runs.CPUShare)
     log_interval: int = 10
-    checkpoint_interval: int = 200
-    checkpoint_minutes: float = 30.0
+    save_interval: int = 200           # optimizer steps between checkpoints (TrainConfig.save_interval)
+    save_minutes: float = 30.0         # ... and at least every this many minutes
     tensorboard: bool = False          # python -m fsi_nb.tb --follow mirrors every run's log.jsonl to runs/NAME/tb/ (needs the tensorboard package)
     device: str = 'auto'
     seed: int = 1337
+
+_RENAMED = dict(checkpoint_interval='save_interval', checkpoint_minutes='save_minutes')   # settings.ini names before one name per setting
 
 def find_settings(start=None) -> Path | None:
     "`$FSI_NB_SETTINGS`, else the nearest `settings.ini` with an `[fsi_nb]` section from `start` (cwd) upwards."
@@ -300,6 +358,8 @@ def load_settings(path=None, # a settings.ini; None: `find_settings()`
         if 'fsi_nb' not in cp: raise ValueError(f"{path} has no [fsi_nb] section. Fix: add one (see the kit's settings.ini).")
         sec, known = cp['fsi_nb'], {f.name: f for f in fields(Settings)}
         for k in sec:
+            if k in _RENAMED: raise ValueError(f"{path}: {k} is now called {_RENAMED[k]} (the name TrainConfig and --{_RENAMED[k].replace('_', '-')} "
+                                               f"use). Fix: rename it in {path}.")
             if k not in known: raise ValueError(f"{path}: unknown setting {k!r}. Fix: use one of {', '.join(known)}.")
             overrides.setdefault(k, sec[k])
     for k, v in overrides.items():

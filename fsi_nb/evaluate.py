@@ -12,7 +12,7 @@ import numpy as np, pandas as pd, torch
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from .config import FSIEdgeConfig, TrainConfig, config_from_dict
+from .config import FSIEdgeConfig, TrainConfig, DataMix, FINAL_MIX, config_from_dict
 from .sizing import GPU_PEAKS, count_params, flops_per_token, human, throughput
 from .tokenizer import SPECIAL_TOKENS, load_tokenizer, structure_tables, token_text, tokenizer_sha256
 from .shards import CATEGORIES, manifest_path, verify_manifest
@@ -77,7 +77,7 @@ def load_run(run,                       # a run folder (runs/<name>) or a checkp
 # %% ../nbs/11_evaluate.ipynb #b06d20bd
 @torch.no_grad()
 def validation_loss(model:torch.nn.Module, data_dir, # a prepared data folder with a `val` split
-                    batches:int=20, batch_size:int=8, seq_len:int=128, seed:int=0, stage:str='stage5',
+                    batches:int=20, batch_size:int=8, seq_len:int=128, seed:int=0, mix:DataMix=FINAL_MIX,
                     verify:bool=True # check the shards' SHA-256 first
                    ) -> dict:
     "Token-weighted mean next-token loss (the LM loss, without MoE auxiliary terms) and perplexity on the val split."
@@ -86,7 +86,7 @@ def validation_loss(model:torch.nn.Module, data_dir, # a prepared data folder wi
                          "batch of one sequence of two tokens. Fix: e.g. batches=20, batch_size=8, seq_len=128.")
     was = model.training; model.eval()
     dev = next(model.parameters()).device
-    b = Batcher(data_dir, 'val', seed=seed, stage=stage, verify=verify)
+    b = Batcher(data_dir, 'val', seed=seed, mix=mix, verify=verify)
     total, n = 0.0, 0
     for i in range(batches):
         batch = b.get_batch(i, 0, batch_size, seq_len)
@@ -367,7 +367,7 @@ def routing_health(model:torch.nn.Module, data_dir, batch_size:int=4, seq_len:in
     if not getattr(model.cfg, 'is_moe', False): return None
     was = model.training; model.eval()
     dev = next(model.parameters()).device
-    batch = Batcher(data_dir, 'val', seed=seed, stage='stage5', verify=False).get_batch(0, 0, batch_size, seq_len)
+    batch = Batcher(data_dir, 'val', seed=seed, mix=FINAL_MIX, verify=False).get_batch(0, 0, batch_size, seq_len)
     out = model(input_ids=batch['input_ids'].to(dev), labels=batch['labels'].to(dev), return_logits=False)
     model.train(was)
     return routing_table(out.routing)

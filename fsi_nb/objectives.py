@@ -30,6 +30,7 @@ class Objective:
 
     def __init__(self, spec:RunSpec, data_dir):
         self.spec, self.cfg, self.data_dir, self.device = spec, spec.train, Path(data_dir), spec.device
+        self.ocfg = spec.objective   # the objective's own settings (`fsi_nb.config.OBJECTIVE_CONFIGS`); None for next-token
 
     def setup(self, model): "Called once, with the starting weights loaded, before the first batch (reference models, pairs)."
     def steps(self) -> int | None: return None
@@ -52,12 +53,10 @@ class NextToken(Objective):
                  verify:bool=False):   # hash the shards; the trainer has already (`verify_manifest`), once
         super().__init__(spec, data_dir)
         t = self.cfg
-        self.batcher = Batcher(self.data_dir, 'train', seed=t.seed, stage=self.batch_stage, max_steps=t.max_steps, verify=verify)
+        self.batcher = Batcher(self.data_dir, 'train', seed=t.seed, mix=self.spec.stage.data_mix, max_steps=t.max_steps, verify=verify)
         self.vocab_size, self.tokenizer_sha256, self.manifest_sha256 = (self.batcher.vocab_size, self.batcher.tokenizer_sha256,
                                                                         self.batcher.manifest_sha256)
 
-    @property
-    def batch_stage(self) -> str: return self.cfg.stage
     def seq_len(self, step:int) -> int:
         t = self.cfg
         return seq_len_for_step(step, t.max_steps, t.seq_curriculum) if t.seq_curriculum else t.seq_len
@@ -74,8 +73,7 @@ class NextToken(Objective):
 
     def evaluate(self, model):
         t = self.cfg
-        # validation draws the final data mix (stage5's), or FIM's code when the stage trains FIM
-        val = Batcher(self.data_dir, 'val', seed=t.seed, stage='stage1b' if self.batch_stage == 'stage1b' else 'stage5', verify=False)
+        val = Batcher(self.data_dir, 'val', seed=t.seed, mix=self.spec.stage.val_mix, verify=False)   # the stage's validation mix
         def run():
             res = {}
             for L in self.eval_lengths():
@@ -87,9 +85,11 @@ class NextToken(Objective):
         return self._held_out(model, run)
 
 class FIM(NextToken):
-    "Next-token prediction on code with fill-in-the-middle (the batcher's `stage1b`: 80% of documents, PSM 60% / SPM 40%)."
-    @property
-    def batch_stage(self) -> str: return 'stage1b'
+    "Next-token prediction on code with fill-in-the-middle: the stage's mix says how much (stage 1b: 80% of documents, PSM 60% / SPM 40%)."
+    def __init__(self, spec, data_dir, verify:bool=False):
+        if not (spec.stage.data_mix and spec.stage.data_mix.fim_rate): raise ValueError(
+            f"{spec.stage.name} trains fim but its data_mix has no fim_rate. Fix: give its row a DataMix with fim_rate > 0 (e.g. FIM_MIX).")
+        super().__init__(spec, data_dir, verify)
 
 # %% ../nbs/08c_objectives.ipynb #ba1c4c45
 _ARITH = [('plus', '+', operator.add), ('minus', '-', operator.sub), ('times', '*', operator.mul)]
@@ -164,11 +164,14 @@ class SFT(Objective):
         self.pad_id = self.tok.token_to_id('<|pad|>')
         self.rows = {split: self._rows(split) for split in ('train', 'val')}
         if len(self.rows['train'][0]) == 0:
-            raise ValueError(f"{self.data_dir} has no training records for {type(self).__name__} (kinds {self.kinds}). Fix: prepare "
+            raise ValueError(f"{self.data_dir} has no training records for {type(self).__name__} (kinds {self.record_kinds}). Fix: prepare "
                              "with the coldstart source (settings.ini corpus_sources).")
 
     def records(self, split:str) -> list[dict]:
-        return task_records(self.data_dir, self.cfg.tasks, split, self.kinds)
+        return task_records(self.data_dir, self.ocfg.tasks, split, self.record_kinds)
+
+    @property
+    def record_kinds(self) -> tuple: return self.ocfg.kinds or self.kinds   # the stage's choice, else the objective's own
 
     def _rows(self, split):
         x, y, self.n_cut = pack_examples([encode_example(self.tok, r, self.with_thought) for r in self.records(split)],
@@ -177,7 +180,8 @@ class SFT(Objective):
 
     def steps(self):
         t = self.cfg
-        return math.ceil(t.epochs * len(self.rows['train'][0]) / (t.batch_size * t.grad_accum)) if t.epochs else None
+        o = self.ocfg
+        return math.ceil(o.epochs * len(self.rows['train'][0]) / (t.batch_size * t.grad_accum)) if o.epochs else None
 
     def batch(self, step, micro, model=None):
         t, (x, y) = self.cfg, self.rows['train']
@@ -283,12 +287,12 @@ class GRPO(Objective):
         super().__init__(spec, data_dir)
         self.tok = load_tokenizer(self.data_dir/'tokenizer')
         self.special = {t: self.tok.token_to_id(t) for t in SPECIAL_TOKENS}
-        self.prompts = {s: task_records(self.data_dir, self.cfg.tasks, s, self.kinds) for s in ('train', 'val')}
+        self.prompts = {s: task_records(self.data_dir, self.ocfg.tasks, s, self.kinds) for s in ('train', 'val')}
         if not self.prompts['train']: raise ValueError(f"{self.data_dir} has no {'/'.join(self.kinds)} records to prompt with. Fix: prepare with the coldstart source.")
         self.ref = None
 
     def setup(self, model):
-        if self.cfg.kl_coef > 0:   # a frozen copy of the starting weights
+        if self.ocfg.kl_coef > 0:   # a frozen copy of the starting weights
             self.ref = copy.deepcopy(model).eval().requires_grad_(False)
 
     def prompt_ids(self, rec) -> list[int]: return self.tok.encode(chat_pieces(rec)[0]).ids
@@ -298,16 +302,17 @@ class GRPO(Objective):
 
     def batch(self, step, micro, model):
         t = self.cfg
+        o = self.ocfg
         rng = np.random.default_rng([t.seed, 11, step, micro])
         recs = [self.prompts['train'][i] for i in rng.choice(len(self.prompts['train']), size=t.batch_size)]
         t0, prompts, comps = time.perf_counter(), [], []
         for k, rec in enumerate(recs):
             p = self.prompt_ids(rec)
-            g = sample_group(model, p, t.group_size, t.max_new_tokens, t.temperature, self.special['<|endoftext|>'],
+            g = sample_group(model, p, o.group_size, o.max_new_tokens, o.temperature, self.special['<|endoftext|>'],
                              seed=int(rng.integers(2**62)))
             prompts += [p] * len(g); comps += g
         sampled = time.perf_counter() - t0
-        rewards = torch.tensor(self.rewards([r for r in recs for _ in range(t.group_size)], comps)).view(t.batch_size, t.group_size)
+        rewards = torch.tensor(self.rewards([r for r in recs for _ in range(o.group_size)], comps)).view(t.batch_size, o.group_size)
         b = completion_batch(prompts, comps, self.special['<|pad|>'], self.device)
         b['advantages'] = group_advantages(rewards).view(-1).to(self.device)
         with torch.no_grad(), autocast_context(self.device, t.precision):
@@ -319,21 +324,22 @@ class GRPO(Objective):
 
     def loss(self, model, batch):
         lp, mask, out = sequence_logprobs(model, batch)
-        loss, m = grpo_loss(lp.float(), batch['old_logprobs'], batch['advantages'], mask, self.cfg.clip_eps,
-                            batch.get('ref_logprobs'), self.cfg.kl_coef)
+        loss, m = grpo_loss(lp.float(), batch['old_logprobs'], batch['advantages'], mask, self.ocfg.clip_eps,
+                            batch.get('ref_logprobs'), self.ocfg.kl_coef)
         loss = loss + (out.loss - out.aux['lm_loss'])   # the MoE router terms, if any
         return loss, dict(batch['stats'], **m, routing=out.routing)
 
     def evaluate(self, model):
         "Held-out prompts: the mean reward of 4 samples each (what RL raises; fixed seeds) and of the greedy reply."
         t, eot = self.cfg, self.special['<|endoftext|>']
-        recs = self.prompts['val'][:t.num_prompts] or self.prompts['train'][:t.num_prompts]
+        o = self.ocfg
+        recs = self.prompts['val'][:o.num_prompts] or self.prompts['train'][:o.num_prompts]
         def run():
             sampled, greedy = [], []
             for i, r in enumerate(recs):
                 p = self.prompt_ids(r)
-                sampled += sample_group(model, p, 4, t.max_new_tokens, t.temperature, eot, seed=i)
-                greedy += sample_group(model, p, 1, t.max_new_tokens, 1.0, eot, 0, greedy=True)
+                sampled += sample_group(model, p, 4, o.max_new_tokens, o.temperature, eot, seed=i)
+                greedy += sample_group(model, p, 1, o.max_new_tokens, 1.0, eot, 0, greedy=True)
             rs, rg = self.rewards([r for r in recs for _ in range(4)], sampled), self.rewards(recs, greedy)
             return {self.metric: sum(rs) / max(len(rs), 1), 'val_reward_greedy': sum(rg) / max(len(rg), 1)}
         return self._held_out(model, run)
@@ -361,16 +367,17 @@ class DPO(Objective):
         super().__init__(spec, data_dir)
         self.tok = load_tokenizer(self.data_dir/'tokenizer')
         self.special = {t: self.tok.token_to_id(t) for t in SPECIAL_TOKENS}
-        self.records = {s: task_records(self.data_dir, self.cfg.tasks, s, ('code',)) for s in ('train', 'val')}
+        self.records = {s: task_records(self.data_dir, self.ocfg.tasks, s, ('code',)) for s in ('train', 'val')}
         if not self.records['train']: raise ValueError(f"{self.data_dir} has no code records for DPO pairs. Fix: prepare with the coldstart source.")
         self.pairs = None
 
     def _make_pairs(self, model, recs, seed) -> dict:
         t, eot = self.cfg, self.special['<|endoftext|>']
+        o = self.ocfg
         prompts, chosen, rejected, from_ref = [], [], [], 0
         for i, rec in enumerate(recs):
             p = self.tok.encode(chat_pieces(rec)[0]).ids
-            samples = sample_group(model, p, t.group_size, t.max_new_tokens, t.temperature, eot, seed=seed * 100003 + i)
+            samples = sample_group(model, p, o.group_size, o.max_new_tokens, o.temperature, eot, seed=seed * 100003 + i)
             progs = [completion_code(self.tok.decode(c, skip_special_tokens=False)) for c in samples]
             ok = [x.passed and bool(pr) for x, pr in zip(run_many([(pr, rec['tests']) for pr in progs], workers=os.cpu_count() or 1), progs)]
             bad = [c for c, k in zip(samples, ok) if not k]
@@ -386,9 +393,10 @@ class DPO(Objective):
 
     def setup(self, model):
         t = self.cfg
+        o = self.ocfg
         was = model.training; model.eval()
         try:
-            self.pairs = {s: self._make_pairs(model, self.records[s][:t.num_prompts if s == 'train' else max(1, t.num_prompts // 4)], seed)
+            self.pairs = {s: self._make_pairs(model, self.records[s][:o.num_prompts if s == 'train' else max(1, o.num_prompts // 4)], seed)
                           for s, seed in (('train', t.seed), ('val', t.seed + 1))}
         finally: model.train(was)
         if self.pairs['train']['n'] == 0:
@@ -399,7 +407,8 @@ class DPO(Objective):
 
     def steps(self):
         t = self.cfg
-        return math.ceil(t.epochs * self.pairs['train']['n'] / (t.batch_size * t.grad_accum)) if t.epochs and self.pairs else None
+        o = self.ocfg
+        return math.ceil(o.epochs * self.pairs['train']['n'] / (t.batch_size * t.grad_accum)) if o.epochs and self.pairs else None
 
     def _rows(self, pairs, idx) -> dict:
         pick = lambda b: {k: v[idx] for k, v in b.items()}
@@ -421,7 +430,7 @@ class DPO(Objective):
 
     def loss(self, model, batch):
         (pc, pr), out = self._policy(model, batch)
-        loss, m = dpo_loss(pc, pr, batch['ref_chosen'], batch['ref_rejected'], self.cfg.dpo_beta)
+        loss, m = dpo_loss(pc, pr, batch['ref_chosen'], batch['ref_rejected'], self.ocfg.dpo_beta)
         return loss + (out.loss - out.aux['lm_loss']), dict(m, routing=out.routing)
 
     def tokens(self, batch): return int(batch['chosen']['input_ids'].numel() + batch['rejected']['input_ids'].numel())
@@ -430,7 +439,7 @@ class DPO(Objective):
         pv = self.pairs['val'] if self.pairs['val']['n'] else self.pairs['train']
         def run():
             (pc, pr), _ = self._policy(model, self._rows(pv, torch.arange(pv['n'])))
-            _, m = dpo_loss(pc, pr, pv['ref_chosen'], pv['ref_rejected'], self.cfg.dpo_beta)
+            _, m = dpo_loss(pc, pr, pv['ref_chosen'], pv['ref_rejected'], self.ocfg.dpo_beta)
             return {self.metric: m['reward_margin'], 'val_accuracy': m['accuracy']}
         return self._held_out(model, run)
 
@@ -438,9 +447,10 @@ class DPO(Objective):
 OBJECTIVES = dict(next_token=NextToken, fim=FIM, sft=SFT, sft_reasoning=SFTReasoning, grpo_format=GRPO,
                   grpo_execution=GRPOExecution, dpo=DPO)
 
-def make_objective(spec:RunSpec, data_dir, stage=None) -> Objective:
-    "The objective of `spec`'s stage (`fsi_nb.config.STAGES`), built for its data folder."
-    from fsi_nb.config import STAGES
-    name = STAGES[stage or spec.train.stage].objective
-    if name not in OBJECTIVES: raise ValueError(f"stage {spec.train.stage} needs objective {name!r}, which this kit does not have. Fix: use one of {', '.join(OBJECTIVES)}.")
+def make_objective(spec:RunSpec, data_dir) -> Objective:
+    "The objective of `spec`'s stage row, built for its data folder."
+    name = spec.stage.objective
+    if name not in OBJECTIVES: raise ValueError(f"stage {spec.stage.name} needs objective {name!r}, which this kit does not have. Fix: use one of {', '.join(OBJECTIVES)}.")
+    if spec.stage.data_mix is None and name in ('next_token', 'fim'):
+        raise ValueError(f"stage {spec.stage.name} trains {name} but its row has no data_mix. Fix: give it one (e.g. PRETRAINING_MIX or FINAL_MIX).")
     return OBJECTIVES[name](spec, data_dir)

@@ -10,14 +10,16 @@ from pathlib import Path
 
 import numpy as np, torch
 
-from .config import FSIEdgeConfig, TrainConfig, Settings, STAGES, PRESET_STAGES, get_preset, load_settings
+from .config import (FSIEdgeConfig, TrainConfig, Settings, Preset, Stage, STAGES, OBJECTIVE_CONFIGS, get_preset, get_stage,
+                           load_settings)
 from .sizing import cpu_has_fast_bf16   # one rule for the trainer and the calculator
 from .checkpoint import CheckpointError, write_atomic, disk_error, list_checkpoints
 
 # %% auto #0
 __all__ = ['resolve_device', 'resolve_precision', 'autocast_context', 'tune_cpu_allocator', 'cpu_busy_seconds', 'threads_for',
-           'CPUShare', 'NeedsGPUError', 'RunSpec', 'resolve_run', 'RunFolderError', 'check_writable', 'git_commit',
-           'to_json', 'json_safe', 'write_json', 'read_json', 'is_smoke_run', 'truncate_log']
+           'CPUShare', 'NeedsGPUError', 'RunSpec', 'objective_setting_names', 'split_overrides', 'resolve_run',
+           'warn_short_warmup', 'RunFolderError', 'check_writable', 'git_commit', 'to_json', 'json_safe', 'write_json',
+           'read_json', 'is_smoke_run', 'truncate_log']
 
 # %% ../nbs/08b_runs.ipynb #5f3410a2
 def resolve_device(device:str='auto' # 'auto', 'cpu', 'cuda' or 'cuda:N'
@@ -122,6 +124,8 @@ class RunSpec:
     device: torch.device
     smoke: bool = False
     overrides: dict = field(default_factory=dict)
+    stage: Stage = STAGES['stage1']   # the row of what this run trains (`fsi_nb.config.STAGES`)
+    objective: object = None          # the stage's objective settings (`fsi_nb.config.OBJECTIVE_CONFIGS`); None: it has none
 
     @property
     def run_dir(self) -> Path: return Path(self.settings.runs_dir)/self.run_name
@@ -141,58 +145,94 @@ def _check_types(cls, over:dict):
                                     f"default {d!r}. Fix: e.g. {f.name}={d!r}.")
 
 _SMOKE = dict(batch_size=1, grad_accum=1, seq_len=64, seq_curriculum=(), max_steps=2, warmup_steps=1, device='cpu', precision='fp32',
-              compile=False, log_interval=1, epochs=0.0, group_size=2, max_new_tokens=8, eval_batches=1, num_prompts=4)
-_SMOKE_KEYS = set(_SMOKE)
+              compile=False, log_interval=1, eval_batches=1)
+_SMOKE_OBJECTIVE = dict(epochs=0.0, group_size=2, max_new_tokens=8, num_prompts=4)   # where the stage's objective has them
+
+def _names(cls) -> set[str]: return {f.name for f in fields(cls)} if cls else set()
+
+def objective_setting_names() -> dict[str, list[str]]:
+    "Every objective setting's name, with the objectives that have it."
+    out = {}
+    for obj, cls in OBJECTIVE_CONFIGS.items():
+        for n in _names(cls): out.setdefault(n, []).append(obj)
+    return out
+
+def split_overrides(overrides:dict, stage:Stage) -> tuple[dict, dict, dict]:
+    "`overrides` as (TrainConfig, FSIEdgeConfig, objective config) fields for `stage`; a name none of them has is an error."
+    tnames, mnames, onames = _names(TrainConfig), _names(FSIEdgeConfig), _names(OBJECTIVE_CONFIGS[stage.objective])
+    elsewhere = objective_setting_names()
+    if unknown := sorted(set(overrides) - tnames - mnames - onames - set(elsewhere) - set(_SETTINGS_KEYS)):
+        raise ValueError(f"unknown setting(s) {unknown}. Fix: use TrainConfig fields ({', '.join(sorted(tnames))}), "
+                         f"FSIEdgeConfig fields ({', '.join(sorted(mnames))}), an objective's ({', '.join(sorted(elsewhere))}) "
+                         f"or {', '.join(_SETTINGS_KEYS)}.")
+    if foreign := sorted(set(overrides) & set(elsewhere) - onames - tnames - mnames):
+        raise ValueError(f"{stage.name} trains {stage.objective}, which has no setting {', '.join(foreign)} (only "
+                         f"{', '.join(sorted({o for n in foreign for o in elsewhere[n]}))} do). Fix: drop it, or set it on a stage "
+                         f"that uses it (e.g. --set stage3.{foreign[0]}=...).")
+    pick = lambda names: {k: v for k, v in overrides.items() if k in names}
+    return pick(tnames), pick(mnames), pick(onames)
+
+def _run_settings(settings:Settings|None, overrides:dict) -> Settings:
+    "settings.ini (or `settings`), with the data_dir/runs_dir/threads overrides."
+    s = settings or load_settings()
+    return replace(s, **{k: (Path(overrides[k]) if k != 'threads' else int(overrides[k])) for k in _SETTINGS_KEYS if k in overrides})
+
+def _stage_configs(p:Preset, stage:Stage, s:Settings, smoke:bool, tover:dict, mover:dict, oover:dict):
+    "settings.ini < preset < stage < the preset's numbers for the stage < the caller's: (TrainConfig, FSIEdgeConfig, objective config)."
+    # settings.ini holds the machine's run plumbing; presets leave those fields at their defaults
+    t = replace(p.train, log_interval=s.log_interval, save_interval=s.save_interval, save_minutes=s.save_minutes,
+                seed=s.seed, **(dict(device=s.device) if s.device != 'auto' else {}))
+    numbers, ocls = stage.numbers(p.name), OBJECTIVE_CONFIGS[stage.objective]
+    if smoke: t, numbers = replace(t, **_SMOKE), {k: v for k, v in numbers.items() if k not in _SMOKE and k not in _SMOKE_OBJECTIVE}
+    tnum, onum = ({k: v for k, v in numbers.items() if k in names} for names in (_names(TrainConfig), _names(ocls)))
+    if smoke: onum |= {k: v for k, v in _SMOKE_OBJECTIVE.items() if k in _names(ocls)}
+    if 'max_steps' in tover and 'epochs' in onum and 'epochs' not in oover: onum['epochs'] = 0.0   # the caller's steps, not the stage's epochs
+    t = replace(t, **(tnum | tover | dict(stage=stage.name)))
+    return t, replace(p.model, **(stage.model | mover)), ocls(**(onum | oover)) if ocls else None
 
 def resolve_run(preset:str='tiny',      # a name in `fsi_nb.config.PRESETS`
                 run_name:str|None=None, # folder under runs_dir; None: the preset's name (so a rerun resumes)
                 smoke:bool=False,       # the preset's real architecture, 2 steps, batch 1, seq 64, on the CPU
                 settings:Settings|None=None, # None: `load_settings()` (settings.ini)
-                **overrides             # any TrainConfig or FSIEdgeConfig field, or data_dir/runs_dir/threads; None is ignored
+                **overrides             # TrainConfig, FSIEdgeConfig or the stage's objective fields, or data_dir/runs_dir/threads; None is ignored
                ) -> RunSpec:
-    "Resolve settings.ini < preset < `overrides` into a `RunSpec`; refuse a GPU preset without a GPU."
+    "Resolve settings.ini < preset < stage < `overrides` into a `RunSpec`; refuse a GPU preset without a GPU."
     p = get_preset(preset)
     overrides = {k: v for k, v in overrides.items() if v is not None}
-    tnames, mnames = {f.name for f in fields(TrainConfig)}, {f.name for f in fields(FSIEdgeConfig)}
-    unknown = sorted(set(overrides) - tnames - mnames - set(_SETTINGS_KEYS))
-    if unknown: raise ValueError(f"unknown setting(s) {unknown}. Fix: use TrainConfig fields ({', '.join(sorted(tnames))}), "
-                                 f"FSIEdgeConfig fields ({', '.join(sorted(mnames))}) or {', '.join(_SETTINGS_KEYS)}.")
-    s = settings or load_settings()
-    s = replace(s, **{k: (Path(overrides[k]) if k != 'threads' else int(overrides[k])) for k in _SETTINGS_KEYS if k in overrides})
-    # settings.ini holds the machine's run plumbing; presets leave those fields at their defaults
-    t = replace(p.train, log_interval=s.log_interval, save_interval=s.checkpoint_interval, save_minutes=s.checkpoint_minutes,
-                seed=s.seed, **(dict(device=s.device) if s.device != 'auto' else {}))
-    if smoke: t = replace(t, **_SMOKE)
+    stage = get_stage(overrides.get('stage', p.train.stage))
+    tover, mover, oover = split_overrides(overrides, stage)
     if smoke and overrides.get('max_steps', _SMOKE['max_steps']) != _SMOKE['max_steps']:   # not a long run by accident
         raise ValueError(f"smoke=True trains {_SMOKE['max_steps']} steps, but max_steps={overrides['max_steps']} is given too. Fix: "
                          f"leave max_steps unset (None) for a smoke test, or smoke=False for a {overrides['max_steps']}-step run.")
-    tover = {k: v for k, v in overrides.items() if k in tnames}
     if isinstance(tover.get('seq_curriculum'), str): tover['seq_curriculum'] = tuple(int(x) for x in tover['seq_curriculum'].split(',') if x.strip())
-    mover = {k: v for k, v in overrides.items() if k in mnames}
-    for cls, over in ((TrainConfig, tover), (FSIEdgeConfig, mover)): _check_types(cls, over)
-    stage = STAGES.get(tover.get('stage', t.stage))
-    if stage is None: raise ValueError(f"stage={tover.get('stage')!r} is not a stage. Fix: use one of {', '.join(STAGES)}.")
-    # the stage's own numbers (SFT's lr, long context's RoPE base), then the preset's for that stage, under the caller's
-    staged = stage.train | PRESET_STAGES.get(p.name, {}).get(stage.name, {})
-    t = replace(t, **({k: v for k, v in staged.items() if not smoke or k not in _SMOKE_KEYS} | tover))
-    m = replace(p.model, **(stage.model | mover))
-    if t.warmup_steps >= t.max_steps and not smoke:
-        warnings.warn(f"warmup_steps={t.warmup_steps} >= max_steps={t.max_steps}: the learning rate never reaches lr={t.lr} "
-                      "and never decays. Fix: warmup_steps well below max_steps (e.g. --set warmup_steps=10).")
+    for cls, over in ((TrainConfig, tover), (FSIEdgeConfig, mover), (OBJECTIVE_CONFIGS[stage.objective], oover)):
+        if cls: _check_types(cls, over)
+    s = _run_settings(settings, overrides)
+    t, m, objective = _stage_configs(p, stage, s, smoke, tover, mover, oover)
     if t.seq_len > m.max_seq_len or max(t.seq_curriculum, default=0) > m.max_seq_len:
         raise ValueError(f"seq_len={t.seq_len} (curriculum {t.seq_curriculum}) is longer than the model's max_seq_len="
                          f"{m.max_seq_len}. Fix: lower seq_len or raise max_seq_len.")
-    on_gpu = torch.cuda.is_available() and (t.device == 'auto' or t.device.startswith('cuda'))
-    if p.needs_gpu and not on_gpu and not smoke:
-        raise NeedsGPUError(
-            f"preset {preset!r} needs a CUDA GPU ({p.source}; it is sized for hours on a datacenter GPU), but this "
-            f"run would train on the CPU (device={t.device!r}, torch.cuda.is_available() is {torch.cuda.is_available()}). Fix: smoke-test "
-            f"its architecture on the CPU first with smoke=True (papermill: -p smoke True; CLI: --smoke), then run it on a "
-            f"GPU machine; or train a CPU preset: tiny, small or med.")
+    _refuse_cpu_for_gpu_preset(p, t, smoke)
     device = resolve_device(t.device)
     t = replace(t, precision=resolve_precision(t.precision, device))
     name = run_name or (f'{preset}-smoke' if smoke else preset)
-    return RunSpec(preset, name, m, t, s, device, smoke, overrides)
+    return RunSpec(preset, name, m, t, s, device, smoke, overrides, stage, objective)
+
+def _refuse_cpu_for_gpu_preset(p:Preset, t:TrainConfig, smoke:bool):
+    on_gpu = torch.cuda.is_available() and (t.device == 'auto' or t.device.startswith('cuda'))
+    if p.needs_gpu and not on_gpu and not smoke:
+        raise NeedsGPUError(
+            f"preset {p.name!r} needs a CUDA GPU ({p.source}; it is sized for hours on a datacenter GPU), but this "
+            f"run would train on the CPU (device={t.device!r}, torch.cuda.is_available() is {torch.cuda.is_available()}). Fix: smoke-test "
+            f"its architecture on the CPU first with smoke=True (papermill: -p smoke True; CLI: --smoke), then run it on a "
+            f"GPU machine; or train a CPU preset: tiny, small or med.")
+
+def warn_short_warmup(t:TrainConfig):
+    "Warn when the warmup is as long as the run (called once the run's steps are known: epochs, caps)."
+    if t.warmup_steps >= t.max_steps:
+        warnings.warn(f"warmup_steps={t.warmup_steps} >= max_steps={t.max_steps}: the learning rate never reaches lr={t.lr} "
+                      "and never decays. Fix: warmup_steps well below max_steps (e.g. --set warmup_steps=10).")
+
 
 # %% ../nbs/08b_runs.ipynb #ddaf32d5
 class RunFolderError(CheckpointError):

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from .config import STAGES, Settings, load_settings
-from .runs import read_json, write_json
+from .config import STAGES, OBJECTIVE_CONFIGS, Settings, get_stage, load_settings
+from .runs import read_json, write_json, resolve_run, objective_setting_names
 from .train import train, RunResult
 
 # %% auto #0
-__all__ = ['parse_stages', 'stage_row', 'PipelineResult', 'run_pipeline']
+__all__ = ['stage_overrides', 'parse_stages', 'stage_row', 'PipelineResult', 'run_pipeline']
 
 # %% ../nbs/09a_stages.ipynb #3e3f13ba
 _DONE = ('finished', 'early_stop')
@@ -30,6 +30,15 @@ def _split_overrides(stages, overrides:dict) -> tuple[dict, dict]:
         if s not in per: raise ValueError(f"{k}={v!r}: {s} is not in this pipeline ({', '.join(stages)}). Fix: add it, or drop the override.")
         per[s][f] = v
     return common, per
+
+def stage_overrides(stages:list[str], common:dict, per:dict) -> dict[str, dict]:
+    "Each stage's overrides: the common ones it has a setting for (an objective's settings reach only its stages), then its own."
+    owners = objective_setting_names()
+    def takes(stage, k): return k not in owners or get_stage(stage).objective in owners[k]
+    if unused := sorted(k for k in common if not any(takes(st, k) for st in stages)):
+        raise ValueError(f"{', '.join(unused)}: no stage of {', '.join(stages)} has this setting (only {', '.join(sorted({o for k in unused for o in owners[k]}))} "
+                         "objectives do). Fix: drop it, or add a stage that uses it.")
+    return {st: {k: v for k, v in common.items() if takes(st, k)} | per[st] for st in stages}
 
 def parse_stages(stages) -> list[str]:
     "A list of known stage names from 'stage1,stage2' or a list; duplicates and unknown names are errors."
@@ -48,7 +57,7 @@ def stage_row(stage:str, run_dir) -> dict:
     before = evals[0].get(metric) if evals and evals[0].get('step') == 0 else None
     after = evals[-1].get(metric) if evals else None
     up = st.get('higher_is_better', False)
-    return dict(stage=stage, objective=STAGES[stage].objective, state=st.get('state', 'not run'), steps=st.get('step'), metric=metric,
+    return dict(stage=stage, objective=get_stage(stage).objective, state=st.get('state', 'not run'), steps=st.get('step'), metric=metric,
                 before=before, after=after, best=(st.get('best') or {}).get(metric),
                 improved=None if before is None or after is None else (after > before if up else after < before), run=str(run_dir))
 
@@ -69,17 +78,22 @@ def run_pipeline(stages,                     # 'stage1,stage1b,...' or a list (`
                  smoke:bool=False,           # each stage: the preset's architecture, 2 steps, batch 1
                  progress:bool=True, callback=None, settings:Settings|None=None,
                  init_from:str='',           # weights the first stage starts from ('' = from scratch)
-                 **overrides                 # every stage; 'stageX.field' for one stage only
+                 max_steps:int|None=None,    # the pretraining stage's steps, and at most this many for every other stage
+                 nproc:int=1,                # processes per stage (`fsi_nb.train.train`)
+                 **overrides                 # every stage that has the setting; 'stageX.field' for one stage only
                 ) -> PipelineResult:
     "Train `stages` in order, each its own run under `runs_dir/name/`, each from the previous one's final weights."
     stages = parse_stages(stages)
     common, per = _split_overrides(stages, overrides)
+    plan = stage_overrides(stages, common, per)
     s = settings or load_settings()
-    runs_dir = Path(common.get('runs_dir', s.runs_dir))
     name = name or (f'{preset}-pipeline-smoke' if smoke else f'{preset}-pipeline')
-    pdir = runs_dir/name
+    steps = {st: _stage_steps(st, max_steps, plan[st]) for st in stages}
+    for st in stages:   # every stage's settings resolve before the first one trains
+        resolve_run(preset, f'{name}/{st}', smoke=smoke, settings=s, **(plan[st] | steps[st] | dict(stage=st, max_steps_cap=None)))
+    pdir = Path(common.get('runs_dir', s.runs_dir))/name
     pdir.mkdir(parents=True, exist_ok=True)
-    write_json(pdir/'pipeline.json', dict(preset=preset, stages=stages, smoke=smoke, init_from=init_from,
+    write_json(pdir/'pipeline.json', dict(preset=preset, stages=stages, smoke=smoke, init_from=init_from, max_steps=max_steps,
                                          overrides={k: str(v) for k, v in overrides.items()}, started=time.time()))
     runs, prev, stopped, signum = {}, init_from, 'finished', None
     for stage in stages:
@@ -87,11 +101,16 @@ def run_pipeline(stages,                     # 'stage1,stage1b,...' or a list (`
         state = (read_json(run_dir/'status.json', {}) or {}).get('state')
         if state in _DONE: print(f'{name}: {stage} is done ({state}); not re-run (delete {run_dir} to train it again)')
         else:
-            r = train(preset, f'{name}/{stage}', smoke=smoke, progress=progress, callback=callback, settings=s,
-                      **(common | dict(stage=stage, init_from=str(prev) if prev else '') | per[stage]))
+            r = train(preset, f'{name}/{stage}', smoke=smoke, progress=progress, callback=callback, settings=s, nproc=nproc,
+                      **(plan[stage] | steps[stage] | dict(stage=stage, init_from=str(prev) if prev else '')))
             runs[stage], stopped, signum = r, r.stopped, r.signum
             if r.stopped not in _DONE: break                  # a signal, NaNs or the budget: the next call resumes here
         prev = run_dir
     table = pd.DataFrame([stage_row(st, pdir/st) for st in stages])
     table.to_csv(pdir/'pipeline.csv', index=False)
     return PipelineResult(name, pdir, stopped, table, runs, signum)
+
+def _stage_steps(stage:str, max_steps:int|None, own:dict) -> dict:
+    "The pipeline's max_steps for one stage: the pretraining stage's length, a cap on the others; a stage's own max_steps wins."
+    if max_steps is None or 'max_steps' in own: return {}
+    return dict(max_steps=max_steps) if get_stage(stage).starts_from is None else dict(max_steps_cap=max_steps)

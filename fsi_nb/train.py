@@ -4,7 +4,7 @@
 
 # %% ../nbs/09_train.ipynb #e04e4f1a
 from __future__ import annotations
-import argparse, contextlib, gc, json, math, os, shutil, signal, socket, sys, threading, time, warnings
+import contextlib, gc, json, math, os, shutil, signal, socket, sys, threading, time, warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -19,17 +19,17 @@ from .shards import verify_manifest, manifest_sha256
 from .model import FSIEdgeModel, unwrap
 from .checkpoint import (CheckpointError, checkpoint_path, save_checkpoint, load_checkpoint, latest_valid_checkpoint,
                                list_checkpoints, final_checkpoint, rng_state, set_rng_state, seed_everything, rank_seed)
-from .runs import (RunSpec, NeedsGPUError, resolve_run, autocast_context, tune_cpu_allocator, check_writable, is_smoke_run, CPUShare,
+from .runs import (RunSpec, resolve_run, warn_short_warmup, autocast_context, tune_cpu_allocator, check_writable, is_smoke_run, CPUShare,
                          truncate_log, write_json, read_json, json_safe, git_commit, to_json)
 from .objectives import make_objective, GRPO, DPO
-from .distributed import (Ranks, init_ranks, ranks_from_env, close_ranks, wrap_model, grad_sync, clip_grad_norm,
+from .distributed import (Ranks, init_ranks, wrap_model, grad_sync, clip_grad_norm,
                                 full_model_state, full_optimizer_state, load_optimizer_state, restore_rng,
                                 activation_checkpointing, check_replicas, launch, LaunchError)
 
 # %% auto #0
-__all__ = ['MODEL_SIZES', 'param_groups', 'make_optimizer', 'lr_at', 'WarmupCosine', 'make_scheduler', 'routing_record',
-           'inject_nan_steps', 'StopOnSignal', 'RunResult', 'StepResult', 'train_step', 'build_model',
-           'load_init_weights', 'TrainState', 'train', 'main']
+__all__ = ['param_groups', 'make_optimizer', 'lr_at', 'WarmupCosine', 'make_scheduler', 'routing_record', 'inject_nan_steps',
+           'StopOnSignal', 'RunResult', 'StepResult', 'train_step', 'build_model', 'load_init_weights', 'TrainState',
+           'train']
 
 # %% ../nbs/09_train.ipynb #42fc88e5
 def param_groups(model:torch.nn.Module, weight_decay:float) -> list[dict]:
@@ -120,6 +120,16 @@ class RunResult:
     evals: list = field(default_factory=list)   # held-out metrics: one dict per validation, with its step (0: before training)
     best: dict | None = None   # the best validation (its step, metric and checkpoint)
     model: torch.nn.Module | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_status(cls, run_name:str, run_dir, s:dict, # a run's final status.json (what `_Loop.result` writes)
+                    skipped=(), model=None) -> RunResult:
+        "The result that a run's final status describes: built the same way by `train` and by a torchrun job's follower."
+        path = lambda x: Path(x) if x else None
+        return cls(run_name, Path(run_dir), step=s['step'], total_steps=s['total_steps'], stopped=s['state'], message=s['message'],
+                   loss=s['loss'], avg_loss=s['avg_loss'], tokens=s['tokens'], tokens_per_sec=s['tokens_per_sec'], bad_steps=s['bad_steps'],
+                   checkpoint=path(s['checkpoint']), resumed_from=path(s['resumed_from']), skipped=list(skipped), timings=s['timings'],
+                   signum=s['signum'], evals=s['evals'], best=s['best'], model=model)
 
     @property
     def overhead(self) -> float:
@@ -218,6 +228,8 @@ def _check_resume(ck, spec, tok_sha, man_sha, path, data_dir, world:int=1):
         before, now = old_t['grad_accum'] * old_world, spec.train.grad_accum * world
         tdiff.pop('grad_accum', None)
         if before != now: tdiff['micro-batches per step (grad_accum x processes)'] = (before, now)
+    old_o, new_o = ck['config'].get('objective') or {}, config_to_dict(spec.objective) if spec.objective else {}
+    tdiff |= {k: (old_o.get(k), v) for k, v in new_o.items() if k in old_o and old_o[k] != v}   # an objective's settings
     if 'stage' in tdiff: raise ValueError(f"checkpoint {path} is a run of {old_t.get('stage')}, not {spec.train.stage}. Fix: "
                                           "resume it with the same stage, or train this stage under another run_name.")
     if tdiff: warnings.warn(f"resuming {path} with changed training settings {tdiff} (checkpoint, now): the run "
@@ -242,7 +254,7 @@ def _run_info(spec, t, dev, tok_sha, man_sha, data_dir, resumed_from, init, obje
     "What config.json records about a run."
     return dict(preset=spec.preset, run_name=spec.run_name, smoke=spec.smoke, stage=t.stage, objective=type(objective).__name__,
                 total_steps=t.max_steps, init_from=str(init) if init else None, model=config_to_dict(spec.model),
-                train=config_to_dict(t), overrides={k: str(v) for k, v in spec.overrides.items()},
+                train=config_to_dict(t), objective_config=config_to_dict(spec.objective) if spec.objective else None, overrides={k: str(v) for k, v in spec.overrides.items()},
                 settings={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(spec.settings).items()},
                 device=str(dev), threads=torch.get_num_threads(), world_size=world, git_commit=git_commit(), torch=str(torch.__version__),
                 host=socket.gethostname(), data=dict(dir=str(data_dir), tokenizer_sha256=tok_sha, manifest_sha256=man_sha),
@@ -297,11 +309,12 @@ def train(preset:str='tiny',          # a name in `fsi_nb.config.PRESETS`
           progress:bool=True,         # tqdm progress bar
           settings:Settings|None=None,# None: settings.ini
           nproc:int=1,                # processes on this machine: > 1 runs this call under torchrun and follows it (`fsi_nb.distributed`)
+          max_steps_cap:int|None=None,# at most this many steps, after epochs set them (a pipeline's --max-steps for its later stages)
           **overrides                 # TrainConfig / FSIEdgeConfig fields (stage, init_from, ...), data_dir, runs_dir, threads
          ) -> RunResult:
     "Train (or resume) the run `run_name` of `preset` and return what happened; the same loop for notebook, CLI and pipeline."
     if nproc > 1 and 'WORLD_SIZE' not in os.environ:   # (under torchrun, torchrun has decided)
-        return _train_under_torchrun(preset, run_name, resume, smoke, callback, progress, settings, nproc, overrides)
+        return _train_under_torchrun(preset, run_name, resume, smoke, callback, progress, settings, nproc, overrides, max_steps_cap)
     spec = resolve_run(preset, run_name, smoke=smoke, settings=settings, **overrides)
     ranks = init_ranks(spec.device)               # torchrun's environment; a plain process is rank 0 of 1
     spec.device = ranks.device                    # under torchrun on GPUs: this rank's own
@@ -311,12 +324,14 @@ def train(preset:str='tiny',          # a name in `fsi_nb.config.PRESETS`
     data_dir = spec.data_dir
     objective = make_objective(_objective_spec(spec, ranks), data_dir)
     if ranks.world > 1 and spec.model.is_moe and isinstance(objective, (GRPO, DPO)):
-        raise ValueError(f"{spec.train.stage} samples from the model, which the ranks of a sharded (FSDP2) MoE model cannot do apart. "
+        raise ValueError(f"{spec.stage.name} samples from the model, which the ranks of a sharded (FSDP2) MoE model cannot do apart. "
                          "Fix: train this stage on one process (nproc=1), or a dense model.")
     model = build_model(spec, data_dir)
     init = load_init_weights(model, spec.train.init_from, tok_sha) if spec.train.init_from else None
     objective.setup(model)                        # from the starting weights (reference models, DPO pairs)
     if (n := objective.steps()) is not None: spec.train = replace(spec.train, max_steps=max(n, 1))   # epochs -> steps (DPO: once its pairs exist)
+    if max_steps_cap: spec.train = replace(spec.train, max_steps=min(spec.train.max_steps, max_steps_cap))
+    if not spec.smoke and ranks.main: warn_short_warmup(spec.train)
     t = spec.train
     st, (ckpt_path, skipped) = TrainState(), latest_valid_checkpoint(ckpt_dir) if resume else (None, [])
     if skipped and ckpt_path is None:   # never left by a crash (saves are atomic): refuse rather than train over them
@@ -369,7 +384,7 @@ def _objective_spec(spec:RunSpec, ranks:Ranks) -> RunSpec:
     return spec if ranks.world == 1 else replace(spec, train=replace(spec.train, grad_accum=spec.train.grad_accum * ranks.world))
 
 # %% ../nbs/09_train.ipynb #62b8a90c
-def _train_under_torchrun(preset, run_name, resume, smoke, callback, progress, settings, nproc, overrides) -> RunResult:
+def _train_under_torchrun(preset, run_name, resume, smoke, callback, progress, settings, nproc, overrides, max_steps_cap=None) -> RunResult:
     "`train` in `nproc` processes under torchrun on this machine, followed from here; the result rank 0 wrote."
     if settings is not None and settings != load_settings():
         raise ValueError("nproc > 1: each process reads settings.ini itself, so a changed Settings object cannot reach them. Fix: "
@@ -377,6 +392,7 @@ def _train_under_torchrun(preset, run_name, resume, smoke, callback, progress, s
     spec = resolve_run(preset, run_name, smoke=smoke, settings=settings, **overrides)   # a bad argument stops here, before torchrun
     literal = lambda v: repr(str(v) if isinstance(v, Path) else v)                      # `main` reads --set values with literal_eval
     argv = ['--preset', preset, '--run-name', spec.run_name, '--no-progress', *(['--smoke'] * smoke), *(['--no-resume'] * (not resume)),
+            *(['--max-steps-cap', str(max_steps_cap)] if max_steps_cap else []),
             *(a for k, v in overrides.items() if v is not None for a in ('--set', f'{k}={literal(v)}'))]
     bar = tqdm(total=spec.train.max_steps, desc=spec.run_name, disable=not progress, dynamic_ncols=True, file=sys.stderr)
     def follow(rec):   # rank 0's records: the bar here, then the caller's callback
@@ -390,10 +406,7 @@ def _train_under_torchrun(preset, run_name, resume, smoke, callback, progress, s
         raise LaunchError(f"torchrun ended (exit status {code}) without the run saying how it ended" +
                           (f": {s['message']}" if s.get('state') == 'error' and s.get('ended', 0) >= started else "; the ranks' output above says why") +
                           f". Fix what it names, then run again: it resumes from the last checkpoint in {spec.run_dir/'checkpoints'}.")
-    path = lambda x: Path(x) if x else None
-    return RunResult(spec.run_name, spec.run_dir, s['step'], s['total_steps'], s['state'], s['message'], s['loss'], s['avg_loss'],
-                     s['tokens'], s['tokens_per_sec'], s['bad_steps'], path(s['checkpoint']), path(s['resumed_from']), [], s['timings'],
-                     s['signum'], s['evals'], s['best'], None)
+    return RunResult.from_status(spec.run_name, spec.run_dir, s)
 
 # %% ../nbs/09_train.ipynb #32f58085
 class _Loop:
@@ -463,7 +476,7 @@ def _state(self:_Loop) -> dict:
     rngs = ranks.gather(rng_state())
     return dict(format='fsi_nb.checkpoint/2', step=st.step, loss=st.loss, model=full_model_state(self.model),
                 optimizer=full_optimizer_state(self.model, self.opt), scheduler=self.sched.state_dict(),
-                config=dict(model=config_to_dict(self.spec.model), train=config_to_dict(t)),
+                config=dict(model=config_to_dict(self.spec.model), train=config_to_dict(t), objective=self.info['objective_config']),
                 args=dict(preset=self.spec.preset, run_name=self.spec.run_name, smoke=self.spec.smoke, overrides=self.info['overrides']),
                 rng=rngs[0], token_offset=st.tokens, data=dict(seed=t.seed, stage=t.stage, step=st.step, token_offset=st.tokens),
                 objective=self.info['objective'], init_from=self.info['init_from'],
@@ -541,82 +554,19 @@ def result(self:_Loop, skipped) -> RunResult:
            'early_stop': f'stopped early at step {st.step}/{total}: {t.early_stop_patience} validations without a better '
                          f'{self.objective.metric} than step {st.best and st.best["step"]}'}[self.stopped]
     msg += f'; checkpoint {self.checkpoint}' if self.checkpoint else ''
+    status = dict(state=self.stopped, message=msg, step=st.step, total_steps=total, loss=st.loss,
+                  stage=t.stage, checkpoint=str(self.checkpoint) if self.checkpoint else None, best=st.best, metric=self.objective.metric,
+                  higher_is_better=self.objective.higher_is_better, evals=st.evals, tokens_per_sec=tps, ended=time.time(), pid=os.getpid(),
+                  avg_loss=st.avg_loss, tokens=st.tokens, bad_steps=st.bad_steps, timings=self.timings, signum=self.signum,
+                  resumed_from=str(self.resumed_from) if self.resumed_from else None, world_size=self.ranks.world)
     if self.ranks.main:
         print(f'{self.spec.run_name}: {msg}. loss {st.loss if st.loss is None else round(st.loss, 4)}, '
               f'{tps:,.0f} tokens/s this session', file=sys.stderr)
-        write_json(self.run_dir/'status.json', dict(state=self.stopped, message=msg, step=st.step, total_steps=total, loss=st.loss,
-                   stage=t.stage, checkpoint=str(self.checkpoint) if self.checkpoint else None, best=st.best, metric=self.objective.metric,
-                   higher_is_better=self.objective.higher_is_better, evals=st.evals, tokens_per_sec=tps, ended=time.time(), pid=os.getpid(),
-                   avg_loss=st.avg_loss, tokens=st.tokens, bad_steps=st.bad_steps, timings=self.timings, signum=self.signum,
-                   resumed_from=str(self.resumed_from) if self.resumed_from else None, world_size=self.ranks.world))
-    return RunResult(self.spec.run_name, self.run_dir, st.step, total, self.stopped, msg, st.loss, st.avg_loss, st.tokens, tps,
-                     st.bad_steps, self.checkpoint, self.resumed_from, skipped, self.timings, self.signum, st.evals, st.best, unwrap(self.model))
-
-# %% ../nbs/09_train.ipynb #9538ce87
-_EXIT = dict(finished=0, budget=0, early_stop=0, nan=3)
-MODEL_SIZES = {'4K': 'tiny', '5K': 'small', '28K': 'med'}   # the CPU seed's --model-size names (its parameter counts are wrong: DESIGN §8)
-
-def _value(s:str):
-    import ast
-    try: return ast.literal_eval(s)
-    except (ValueError, SyntaxError): return s
-
-def main(argv=None) -> int:
-    "`python -m fsi_nb.train --preset tiny --max-steps 300 --run-name x`: the same `train` from a terminal."
-    ap = argparse.ArgumentParser(prog='python -m fsi_nb.train', description='Train an fsi_nb preset (resumes by default).',
-                                 epilog='Exit status: 0 finished, budget reached or stopped early, 2 bad arguments or setup '
-                                        '(also: no document survived the filters), 3 stopped on non-finite losses, 4 a checkpoint '
-                                        'or the run folder could not be written, 128+N stopped by signal N.')
-    ap.add_argument('--preset', default='tiny', help='tiny, small, med, h100, a100, h200, cipher')
-    ap.add_argument('--model-size', choices=sorted(MODEL_SIZES), help="the CPU seed's names for the CPU presets: 4K = tiny, 5K = small, 28K = med")
-    ap.add_argument('--run-name', help='folder under runs_dir (default: the preset name)')
-    ap.add_argument('--stage', help='the stage this run trains (default stage1): stage1, stage1b, stage2, ... (fsi_nb.config.STAGES)')
-    ap.add_argument('--stages', help='a pipeline: comma separated stages, each its own run under --run-name, e.g. stage1,stage1b,stage2')
-    ap.add_argument('--init-from', help="a run folder or checkpoint whose final weights start this run (fresh optimizer)")
-    ap.add_argument('--arch', choices=('hybrid', 'dense'), help="'dense': the baseline, every head plain causal attention (default hybrid)")
-    for name, typ in [('max_steps', int), ('batch_size', int), ('grad_accum', int), ('seq_len', int), ('lr', float),
-                      ('budget_hours', float), ('seed', int), ('log_interval', int), ('save_interval', int),
-                      ('save_minutes', float), ('threads', int), ('device', str), ('precision', str),
-                      ('data_dir', str), ('runs_dir', str)]:
-        ap.add_argument('--' + name.replace('_', '-'), type=typ, dest=name)
-    ap.add_argument('--compile', action='store_true', default=None, help='torch.compile the model')
-    ap.add_argument('--nproc', type=int, default=1, help='processes on this machine (one per GPU): > 1 starts torchrun and follows it; '
-                    'DDP for dense presets, FSDP2 for MoE ones (under torchrun itself, torchrun decides)')
-    ap.add_argument('--no-resume', action='store_true', help='refuse to continue an existing run')
-    ap.add_argument('--smoke', action='store_true', help="the preset's architecture for 2 steps at batch 1 on the CPU")
-    ap.add_argument('--no-progress', action='store_true', help='no tqdm bar')
-    ap.add_argument('--set', action='append', default=[], metavar='KEY=VALUE',
-                    help='any other TrainConfig or FSIEdgeConfig field, e.g. --set d_model=32 --set n_layers=1')
-    a = ap.parse_args(argv)
-    if a.model_size: a.preset = MODEL_SIZES[a.model_size]
-    over = {k: v for k, v in vars(a).items() if k not in ('preset', 'model_size', 'run_name', 'no_resume', 'smoke', 'no_progress', 'set', 'nproc')}
-    for kv in a.set:
-        k, eq, v = kv.partition('=')
-        if not eq: ap.error(f'--set {kv!r}: expected KEY=VALUE, e.g. --set d_model=32')
-        over[k.strip()] = _value(v.strip())
-    stages = over.pop('stages', None)
-    ranks = ranks_from_env()
-    err = lambda e: print(f"error{f' (rank {ranks.rank})' if ranks.world > 1 else ''}: {e}", file=sys.stderr)
-    try:
-        if stages:   # a chain of runs, one per stage: fsi_nb.stages
-            if ranks.world > 1: raise ValueError("--stages under torchrun: every rank would run the pipeline's bookkeeping. Fix: "
-                                                 "python -m fsi_nb.train --stages ... --nproc N (each stage its own torchrun job).")
-            from fsi_nb.stages import run_pipeline
-            res = run_pipeline(stages, a.preset, a.run_name, smoke=a.smoke, progress=not a.no_progress, nproc=a.nproc, **over)
-            if ranks.main: print(res.table.to_string(index=False))
-            return _EXIT.get(res.stopped, 0) if res.signum is None else 128 + res.signum
-        r = train(a.preset, a.run_name, resume=not a.no_resume, smoke=a.smoke, progress=not a.no_progress, nproc=a.nproc, **over)
-    except CheckpointError as e:
-        err(e); return 4
-    except (NeedsGPUError, ValueError, FileNotFoundError) as e:
-        err(e); return 2
-    except LaunchError as e:
-        err(e); return 1
-    finally: close_ranks()   # under torchrun: leave the process group
-    if ranks.main: print(json.dumps(dict(run_dir=str(r.run_dir), step=r.step, stopped=r.stopped, loss=r.loss, avg_loss=r.avg_loss,
-                                         tokens_per_sec=round(r.tokens_per_sec, 1), overhead=round(r.overhead, 4), checkpoint=str(r.checkpoint))))
-    return 128 + r.signum if r.stopped == 'signal' else _EXIT[r.stopped]
+        write_json(self.run_dir/'status.json', status)
+    return RunResult.from_status(self.spec.run_name, self.run_dir, status, skipped, unwrap(self.model))
 
 # %% ../nbs/09_train.ipynb #05ff1f1f
 import builtins
-if __name__ == '__main__' and not getattr(builtins, '__IPYTHON__', False): sys.exit(main())
+if __name__ == '__main__' and not getattr(builtins, '__IPYTHON__', False):
+    from fsi_nb.cli import train_main   # the top floor, imported only when this module is the program
+    sys.exit(train_main())

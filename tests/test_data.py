@@ -13,6 +13,7 @@ from fsi_nb.sandbox import check_records
 from fsi_nb.sources import Doc, collect_sources, load_coldstart, read_text_file, run_tests
 from fsi_nb.shards import manifest_sha256, split_documents, verify_manifest
 from fsi_nb.data import NoDocumentsError, ensure_prepared, load_records, prepare
+from fsi_nb.config import DataMix, FIM_MIX
 from fsi_nb.batches import Batcher, CodeDataset, collate_fn, fim_permute, mix_for_step
 from fsi_nb.tokenizer import SPECIAL_TOKENS, load_tokenizer, tokenizer_sha256, train_tokenizer
 
@@ -90,7 +91,7 @@ def test_batches_are_the_same_in_another_process(prepared_data):
 
 
 def test_labels_and_padding(prepared_data):
-    b = Batcher(prepared_data, split='val', stage='stage2')
+    b = Batcher(prepared_data, split='val', mix=DataMix({'reasoning': 1.0}))
     n = b.total['reasoning']
     batch = b.get_batch(0, 0, 2, n + 50)                                   # longer than the whole split
     pad = batch['input_ids'] == b.pad_id
@@ -119,7 +120,7 @@ def test_fim_on_real_code_is_a_permutation_of_the_document(prepared_data):
         pieces = [p for p in __import__('re').split(r'<\|fim_(?:prefix|middle|suffix)\|>', text)]
         assert sorted(''.join(pieces)) == sorted(doc)                       # same characters, rearranged
         assert sum(text.count(t) for t in ('<|fim_prefix|>', '<|fim_middle|>', '<|fim_suffix|>')) == 3
-    rows = Batcher(prepared_data, stage='stage1b').get_batch(0, 0, 64, 128)['input_ids']
+    rows = Batcher(prepared_data, mix=FIM_MIX).get_batch(0, 0, 64, 128)['input_ids']
     assert 0.6 < (rows == special['<|fim_prefix|>']).any(1).float().mean() < 0.95
 
 

@@ -125,3 +125,32 @@ def test_dpo_epochs_set_the_steps_from_its_pairs(prepared_data, tmp_path):
     pairs = json.loads((tmp_path/'d'/'config.json').read_text())
     assert r.stopped == 'finished' and 1 <= r.total_steps <= 3, r.total_steps     # ceil(pairs / 2), at most 6 pairs
     assert pairs['train']['max_steps'] == r.total_steps
+
+def test_a_new_stage_is_one_row(prepared_data, tmp_path, monkeypatch):
+    "A stage added to the table alone (SFT on the explain records only) trains in a pipeline; no other module is edited."
+    from dataclasses import replace
+    from fsi_nb.config import Stage
+    from fsi_nb.runs import resolve_run
+    from fsi_nb.objectives import make_objective
+    from fsi_nb.stages import run_pipeline
+    row = Stage('stage2x', 'sft', 'explain-this-code records only', 'stage1', dict(kinds=('explain',), epochs=1.0, lr=1e-3))
+    monkeypatch.setitem(STAGES, 'stage2x', row)
+    small = dict(data_dir=prepared_data, runs_dir=tmp_path, d_model=32, batch_size=2, seq_len=64, warmup_steps=1, log_interval=1,
+                 eval_batches=1, threads=1)
+    spec = resolve_run('tiny', 'x', stage='stage2x', **small)
+    assert (spec.stage, spec.objective.kinds, spec.objective.epochs, spec.train.lr) == (row, ('explain',), 1.0, 1e-3)
+    assert {r['kind'] for r in make_objective(spec, prepared_data).records('train')} == {'explain'}
+    res = run_pipeline('stage1,stage2x', name='new', progress=False, max_steps=3, **small)
+    assert list(res.table.state) == ['finished', 'finished'] and list(res.table.steps) == [3, 3]   # epochs capped by max_steps
+    cfg = json.loads((res.pipeline_dir/'stage2x'/'config.json').read_text())
+    assert cfg['objective_config']['kinds'] == ['explain'] and cfg['init_from'] == str(final_checkpoint(res.pipeline_dir/'stage1'))
+
+def test_max_steps_with_stages_is_pretraining_and_a_cap(prepared_data, tmp_path):
+    "--max-steps N: the pretraining stage trains N, an epoch-based stage at most N (its own number when smaller)."
+    from fsi_nb.stages import run_pipeline
+    small = dict(data_dir=prepared_data, runs_dir=tmp_path, d_model=32, batch_size=2, seq_len=64, warmup_steps=1, log_interval=1,
+                 eval_batches=1, threads=1)
+    res = run_pipeline('stage1,stage2', name='cap', progress=False, max_steps=4, **small, **{'stage2.epochs': 1e-4})
+    assert list(res.table.steps) == [4, 1]                  # stage2's own epochs make one step, fewer than the cap
+    res = run_pipeline('stage1,stage2', name='cap2', progress=False, max_steps=3, **small)
+    assert list(res.table.steps) == [3, 3]                  # tiny's 6 epochs of SFT capped at 3

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest, torch
 
+from fsi_nb.config import get_stage
 from fsi_nb.checkpoint import checkpoint_path, latest_valid_checkpoint, list_checkpoints, load_checkpoint
 
 STEPS = 16
@@ -73,7 +74,7 @@ def test_loaded_checkpoint_reproduces_the_logged_loss(prepared_data, tmp_path):
     rec = records(tmp_path/'e')
     loaded = load_run(checkpoint_path(tmp_path/'e'/'checkpoints', 3))      # saved after 3 updates: the model of step 3
     t = loaded.train_config
-    batch = Batcher(prepared_data, 'train', seed=t.seed, stage=t.stage, max_steps=t.max_steps).get_batch(
+    batch = Batcher(prepared_data, 'train', seed=t.seed, mix=get_stage(t.stage).data_mix, max_steps=t.max_steps).get_batch(
         3, 0, t.batch_size, rec[3]['seq_len'])
     n = torch.get_num_threads(); torch.set_num_threads(1)                  # as the run's --threads 1
     try: loss = loaded.model.train()(**batch, return_logits=False).loss.item()
