@@ -13,7 +13,7 @@ from .train import train
 from .stages import run_pipeline
 
 # %% auto #0
-__all__ = ['MODEL_SIZES', 'COMMANDS', 'train_main', 'main']
+__all__ = ['MODEL_SIZES', 'COMMANDS', 'train_parser', 'train_main', 'main']
 
 # %% ../nbs/16_cli.ipynb #549ffb61
 _EXIT = dict(finished=0, budget=0, early_stop=0, nan=3)
@@ -24,8 +24,8 @@ def _value(s:str):
     try: return ast.literal_eval(s)
     except (ValueError, SyntaxError): return s
 
-def train_main(argv=None) -> int:
-    "`python -m fsi_nb.train --preset tiny --max-steps 300 --run-name x`: `train` (or, with --stages, `run_pipeline`) from a terminal."
+def train_parser() -> argparse.ArgumentParser:
+    "The options of `python -m fsi_nb.train`."
     ap = argparse.ArgumentParser(prog='python -m fsi_nb.train', description='Train an fsi_nb preset (resumes by default).',
                                  epilog='Exit status: 0 finished, budget reached or stopped early, 2 bad arguments or setup '
                                         '(also: no document survived the filters), 3 stopped on non-finite losses, 4 a checkpoint '
@@ -54,6 +54,12 @@ def train_main(argv=None) -> int:
     ap.add_argument('--set', action='append', default=[], metavar='KEY=VALUE',
                     help="any other TrainConfig, FSIEdgeConfig or objective field, e.g. --set d_model=32; with --stages, "
                          "--set stage2.epochs=1 sets one stage's")
+    return ap
+
+# %% ../nbs/16_cli.ipynb #e7e5350b
+def train_main(argv=None) -> int:
+    "`python -m fsi_nb.train --preset tiny --max-steps 300 --run-name x`: `train` (or, with --stages, `run_pipeline`) from a terminal."
+    ap = train_parser()
     a = ap.parse_args(argv)
     if a.nproc < 1: ap.error(f'--nproc {a.nproc}: at least one process. Fix: --nproc 1 (or the number of GPUs)')
     if a.stages and a.stage: ap.error(f'--stage {a.stage} beside --stages {a.stages}: --stages names every stage it trains. Fix: drop --stage, '

@@ -165,6 +165,7 @@ class SFTConfig:
         _check(self.epochs >= 0, 'epochs', self.epochs, 'must not be negative', 'set epochs >= 0 (0: use max_steps)')
         _check(set(self.kinds) <= {'code', 'math', 'explain'}, 'kinds', self.kinds, 'unknown record kind', "use some of 'code', 'math', 'explain'")
 
+# %% ../nbs/00_config.ipynb #1be5e386
 @dataclass
 class GRPOConfig:
     "Group-relative policy optimization (stages 3 and 3b): groups of samples per prompt, a clipped ratio, an optional KL."
@@ -181,6 +182,7 @@ class GRPOConfig:
         _check(0 < self.clip_eps < 1, 'clip_eps', self.clip_eps, 'must be in (0, 1)', 'use e.g. 0.2')
         _check(self.kl_coef >= 0, 'kl_coef', self.kl_coef, 'must not be negative', 'set kl_coef >= 0 (0 switches it off)')
 
+# %% ../nbs/00_config.ipynb #0bee0da5
 @dataclass
 class DPOConfig:
     "Direct preference optimization (stage 4) on pairs sampled from the starting weights and judged by their tests."
@@ -197,9 +199,9 @@ class DPOConfig:
         _check(self.temperature > 0, 'temperature', self.temperature, 'must be positive', 'use e.g. 1.0')
         _check(self.dpo_beta > 0, 'dpo_beta', self.dpo_beta, 'must be positive', 'use e.g. 0.1')
 
+# %% ../nbs/00_config.ipynb #968b74c5
 OBJECTIVE_CONFIGS = dict(next_token=None, fim=None, sft=SFTConfig, sft_reasoning=SFTConfig,
                          grpo_format=GRPOConfig, grpo_execution=GRPOConfig, dpo=DPOConfig)   # objective -> its settings (None: none)
-
 
 # %% ../nbs/00_config.ipynb #107ad1c3
 LOSS_CHUNK_LOGITS = dict(cpu=1 << 22, gpu=1 << 25)  # logits per chunk of the fused loss: 16 MB fp32 on a CPU, 128 MB on a GPU
@@ -262,6 +264,7 @@ PRETRAINING_MIX = DataMix()                        # stage 1: the data-mix phase
 FINAL_MIX = DataMix('final', seed_code=1)          # stage 5, and every next-token validation
 FIM_MIX = DataMix({'code': 1.0}, fim_rate=0.8, seed_code=2)
 
+# %% ../nbs/00_config.ipynb #12d64c68
 @dataclass(frozen=True)
 class Stage:
     "One stage of the pipeline: its objective, its data, and the numbers it lays over the preset."
@@ -279,6 +282,7 @@ class Stage:
         "The TrainConfig numbers this stage lays over `preset`'s: its own, then those measured on that preset."
         return self.train | self.presets.get(preset, {})
 
+# %% ../nbs/00_config.ipynb #14100261
 _SFT, _RL = dict(lr=1e-5, min_lr=1e-6, epochs=3.0, warmup_steps=10), dict(lr=1e-5, min_lr=1e-6, max_steps=500, warmup_steps=10, batch_size=4, grad_accum=1)
 STAGES = {s.name: s for s in [
     Stage('stage1', 'next_token', 'pretraining mix: code, then code + natural language, then + reasoning', None, data_mix=PRETRAINING_MIX),
@@ -306,7 +310,6 @@ def get_stage(name:str # one of `STAGES`
     "The stage called `name`; an unknown name lists the valid ones."
     if name not in STAGES: raise ValueError(f"{name!r} is not a stage. Fix: use one of {', '.join(STAGES)}.")
     return STAGES[name]
-
 
 # %% ../nbs/00_config.ipynb #b7071938
 def config_to_dict(cfg) -> dict:

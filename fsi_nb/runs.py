@@ -144,6 +144,7 @@ def _check_types(cls, over:dict):
         if not ok: raise ValueError(f"{f.name}={v!r}: expected {'a number' if want is float else want.__name__}, like the "
                                     f"default {d!r}. Fix: e.g. {f.name}={d!r}.")
 
+# %% ../nbs/08b_runs.ipynb #7c7110a6
 _SMOKE = dict(batch_size=1, grad_accum=1, seq_len=64, seq_curriculum=(), max_steps=2, warmup_steps=1, device='cpu', precision='fp32',
               compile=False, log_interval=1, eval_batches=1)
 _SMOKE_OBJECTIVE = dict(epochs=0.0, group_size=2, max_new_tokens=8, num_prompts=4)   # where the stage's objective has them
@@ -172,6 +173,7 @@ def split_overrides(overrides:dict, stage:Stage) -> tuple[dict, dict, dict]:
     pick = lambda names: {k: v for k, v in overrides.items() if k in names}
     return pick(tnames), pick(mnames), pick(onames)
 
+# %% ../nbs/08b_runs.ipynb #13722b42
 def _run_settings(settings:Settings|None, overrides:dict) -> Settings:
     "settings.ini (or `settings`), with the data_dir/runs_dir/threads overrides."
     s = settings or load_settings()
@@ -190,6 +192,7 @@ def _stage_configs(p:Preset, stage:Stage, s:Settings, smoke:bool, tover:dict, mo
     t = replace(t, **(tnum | tover | dict(stage=stage.name)))
     return t, replace(p.model, **(stage.model | mover)), ocls(**(onum | oover)) if ocls else None
 
+# %% ../nbs/08b_runs.ipynb #8a620d6c
 def resolve_run(preset:str='tiny',      # a name in `fsi_nb.config.PRESETS`
                 run_name:str|None=None, # folder under runs_dir; None: the preset's name (so a rerun resumes)
                 smoke:bool=False,       # the preset's real architecture, 2 steps, batch 1, seq 64, on the CPU
@@ -218,6 +221,7 @@ def resolve_run(preset:str='tiny',      # a name in `fsi_nb.config.PRESETS`
     name = run_name or (f'{preset}-smoke' if smoke else preset)
     return RunSpec(preset, name, m, t, s, device, smoke, overrides, stage, objective)
 
+# %% ../nbs/08b_runs.ipynb #938d1287
 def _refuse_cpu_for_gpu_preset(p:Preset, t:TrainConfig, smoke:bool):
     on_gpu = torch.cuda.is_available() and (t.device == 'auto' or t.device.startswith('cuda'))
     if p.needs_gpu and not on_gpu and not smoke:
@@ -232,7 +236,6 @@ def warn_short_warmup(t:TrainConfig):
     if t.warmup_steps >= t.max_steps:
         warnings.warn(f"warmup_steps={t.warmup_steps} >= max_steps={t.max_steps}: the learning rate never reaches lr={t.lr} "
                       "and never decays. Fix: warmup_steps well below max_steps (e.g. --set warmup_steps=10).")
-
 
 # %% ../nbs/08b_runs.ipynb #ddaf32d5
 class RunFolderError(CheckpointError):

@@ -300,6 +300,47 @@ def _setup_process(spec:RunSpec, ranks:Ranks, progress:bool):
                          f"{spec.model.vocab_size}. Fix: vocab_size={manifest['vocab_size']} (or larger), or prepare with a smaller vocabulary.")
     return share, tok_sha, man_sha
 
+# %% ../nbs/09_train.ipynb #a7699184
+def _resume_point(ckpt_dir:Path, resume:bool, ranks:Ranks) -> tuple[Path | None, list]:
+    "The newest checkpoint that verifies (None: start fresh), and the ones skipped; refuse when some exist and none verifies."
+    ckpt_path, skipped = latest_valid_checkpoint(ckpt_dir) if resume else (None, [])
+    if skipped and ckpt_path is None:   # never left by a crash (saves are atomic): refuse rather than train over them
+        (newest, why), n = skipped[0], len(skipped)
+        raise CheckpointError(f"{ckpt_dir} has {n} checkpoint{'s' * (n > 1)} and none verifies (newest, {newest.name}: {why}); "
+                              "nothing was changed. Fix: restore them with their .sha256 files, or move them out of "
+                              f"{ckpt_dir} to start the run over, or train under another run_name.")
+    if ranks.main:
+        for p, why in skipped: print(f'skipping checkpoint {p}: {why}', file=sys.stderr)
+    return ckpt_path, skipped
+
+def _restore(ck:dict, ckpt_path:Path, spec:RunSpec, model, opt, sched, ranks:Ranks) -> TrainState:
+    "Continue from checkpoint `ck`: the optimizer, the schedule (under the current config), the RNGs and the loop's counters."
+    t = spec.train
+    load_optimizer_state(model, opt, ck['optimizer']); sched.load_state_dict(ck['scheduler'])
+    # the schedule follows the current config (a resume may extend max_steps); unchanged config -> same floats
+    sched.lr_lambdas[0] = WarmupCosine(t.lr, t.min_lr, t.warmup_steps, t.max_steps); sched.base_lrs = [t.lr] * len(opt.param_groups)
+    for g in opt.param_groups: g['lr'] = t.lr * sched.lr_lambdas[0](sched.last_epoch)
+    restore_rng(ck, ranks)
+    st = TrainState(**ck['train_state'])
+    if ranks.main: print(f'resuming {spec.run_name} from {ckpt_path} (step {st.step})' + (f'; it was saved by {ck.get("world_size", 1)} '
+                         f'process(es), this run has {ranks.world}' if ck.get('world_size', 1) != ranks.world else ''), file=sys.stderr)
+    return st
+
+# %% ../nbs/09_train.ipynb #6393254b
+def _objective_and_model(spec:RunSpec, ranks:Ranks, tok_sha:str, cap) -> tuple:
+    "The stage's objective and the model at its starting weights (`init_from`'s, or seeded); epochs become steps here."
+    data_dir = spec.data_dir
+    objective = make_objective(_objective_spec(spec, ranks), data_dir)
+    if ranks.world > 1 and spec.model.is_moe and isinstance(objective, (GRPO, DPO)):
+        raise ValueError(f"{spec.stage.name} samples from the model, which the ranks of a sharded (FSDP2) MoE model cannot do apart. "
+                         "Fix: train this stage on one process (nproc=1), or a dense model.")
+    model = build_model(spec, data_dir)
+    init = load_init_weights(model, spec.train.init_from, tok_sha) if spec.train.init_from else None
+    objective.setup(model)                        # from the starting weights (reference models, DPO pairs)
+    if (n := objective.steps()) is not None: spec.train = replace(spec.train, max_steps=cap(max(n, 1)))   # epochs -> steps (DPO: once its pairs exist)
+    if not spec.smoke and ranks.main: warn_short_warmup(spec.train)
+    return objective, model, init
+
 # %% ../nbs/09_train.ipynb #cd6a86c3
 def train(preset:str='tiny',          # a name in `fsi_nb.config.PRESETS`
           run_name:str|None=None,     # folder under runs_dir; None: the preset's name
@@ -315,32 +356,18 @@ def train(preset:str='tiny',          # a name in `fsi_nb.config.PRESETS`
     "Train (or resume) the run `run_name` of `preset` and return what happened; the same loop for notebook, CLI and pipeline."
     if nproc > 1 and 'WORLD_SIZE' not in os.environ:   # (under torchrun, torchrun has decided)
         return _train_under_torchrun(preset, run_name, resume, smoke, callback, progress, settings, nproc, overrides, max_steps_cap)
+    cap = lambda n: min(n, max_steps_cap) if max_steps_cap else n
     spec = resolve_run(preset, run_name, smoke=smoke, settings=settings, **overrides)
+    spec.train = replace(spec.train, max_steps=cap(spec.train.max_steps))   # before the objective lays its schedule on the steps
     ranks = init_ranks(spec.device)               # torchrun's environment; a plain process is rank 0 of 1
     spec.device = ranks.device                    # under torchrun on GPUs: this rank's own
-    run_dir, ckpt_dir, log_path, dev = spec.run_dir, spec.run_dir/'checkpoints', spec.run_dir/'log.jsonl', spec.device
+    ckpt_dir, dev = spec.run_dir/'checkpoints', spec.device
     _guard_run_dir(spec, resume, ranks.main)
     share, tok_sha, man_sha = _setup_process(spec, ranks, progress)
     data_dir = spec.data_dir
-    objective = make_objective(_objective_spec(spec, ranks), data_dir)
-    if ranks.world > 1 and spec.model.is_moe and isinstance(objective, (GRPO, DPO)):
-        raise ValueError(f"{spec.stage.name} samples from the model, which the ranks of a sharded (FSDP2) MoE model cannot do apart. "
-                         "Fix: train this stage on one process (nproc=1), or a dense model.")
-    model = build_model(spec, data_dir)
-    init = load_init_weights(model, spec.train.init_from, tok_sha) if spec.train.init_from else None
-    objective.setup(model)                        # from the starting weights (reference models, DPO pairs)
-    if (n := objective.steps()) is not None: spec.train = replace(spec.train, max_steps=max(n, 1))   # epochs -> steps (DPO: once its pairs exist)
-    if max_steps_cap: spec.train = replace(spec.train, max_steps=min(spec.train.max_steps, max_steps_cap))
-    if not spec.smoke and ranks.main: warn_short_warmup(spec.train)
+    objective, model, init = _objective_and_model(spec, ranks, tok_sha, cap)
     t = spec.train
-    st, (ckpt_path, skipped) = TrainState(), latest_valid_checkpoint(ckpt_dir) if resume else (None, [])
-    if skipped and ckpt_path is None:   # never left by a crash (saves are atomic): refuse rather than train over them
-        (newest, why), n = skipped[0], len(skipped)
-        raise CheckpointError(f"{ckpt_dir} has {n} checkpoint{'s' * (n > 1)} and none verifies (newest, {newest.name}: {why}); "
-                              "nothing was changed. Fix: restore them with their .sha256 files, or move them out of "
-                              f"{ckpt_dir} to start the run over, or train under another run_name.")
-    if ranks.main:
-        for p, why in skipped: print(f'skipping checkpoint {p}: {why}', file=sys.stderr)
+    ckpt_path, skipped = _resume_point(ckpt_dir, resume, ranks)
     ck = load_checkpoint(ckpt_path) if ckpt_path else None
     if ck:
         _check_resume(ck, spec, tok_sha, man_sha, ckpt_path, data_dir, ranks.world)
@@ -349,34 +376,33 @@ def train(preset:str='tiny',          # a name in `fsi_nb.config.PRESETS`
         warnings.warn("activation_checkpointing='moe' on a dense model checkpoints nothing. Fix: 'all' (each block) or 'none'.")
     model = wrap_model(model, spec.model, ranks)  # DDP (dense) or FSDP2 (MoE) under torchrun; the model itself on one process
     opt = make_optimizer(unwrap(model), t); sched = make_scheduler(opt, t)
-    if ck:
-        load_optimizer_state(model, opt, ck['optimizer']); sched.load_state_dict(ck['scheduler'])
-        # the schedule follows the current config (a resume may extend max_steps); unchanged config -> same floats
-        sched.lr_lambdas[0] = WarmupCosine(t.lr, t.min_lr, t.warmup_steps, t.max_steps); sched.base_lrs = [t.lr] * len(opt.param_groups)
-        for g in opt.param_groups: g['lr'] = t.lr * sched.lr_lambdas[0](sched.last_epoch)
-        restore_rng(ck, ranks)
-        st = TrainState(**ck['train_state'])
-        if ranks.main: print(f'resuming {spec.run_name} from {ckpt_path} (step {st.step})' + (f'; it was saved by {ck.get("world_size", 1)} '
-                             f'process(es), this run has {ranks.world}' if ck.get('world_size', 1) != ranks.world else ''), file=sys.stderr)
-    elif ranks.rank: seed_everything(rank_seed(t.seed, ranks.rank))   # dropout apart from rank 0's, which keeps a one-process run's
+    st = _restore(ck, ckpt_path, spec, model, opt, sched, ranks) if ck else TrainState()
+    if not ck and ranks.rank: seed_everything(rank_seed(t.seed, ranks.rank))   # dropout apart from rank 0's, which keeps a one-process run's
     info = _run_info(spec, t, dev, tok_sha, man_sha, data_dir, ckpt_path, init, objective, ranks.world)
-    if ranks.main:   # rank 0 writes the run folder
-        truncate_log(log_path, st.step)   # steps from here on are trained again (all of them when no checkpoint survived)
-        write_json(run_dir/'config.json', info)
-        write_json(run_dir/'status.json', dict(state='running', pid=os.getpid(), host=info['host'], step=st.step, total_steps=t.max_steps,
-                                              stage=t.stage, started=time.time()))
+    if ranks.main: _open_run_folder(spec, info, st)
     loop = _Loop(spec, model, opt, sched, objective, st, info, callback, progress, ckpt_path, ranks, share)
     try: loop.run()
     except BaseException as e:   # a full disk, an out-of-memory error, a second Ctrl-C: say so where a watcher looks, then stop
-        try:
-            if ranks.main: write_json(run_dir/'status.json', dict(state='error', message=f'{type(e).__name__}: {e}', step=st.step,
-                                                                 total_steps=t.max_steps, ended=time.time()))
-        except OSError: pass
+        if ranks.main: _record_error(spec, st, e)
         raise
     result = loop.result(skipped)
     if ranks.world > 1:   # free DDP's reducer while the process group lives: freed after it, gloo can deadlock at exit (pytorch#56297)
         del loop, model; gc.collect()
     return result
+
+# %% ../nbs/09_train.ipynb #22b6b8fc
+def _open_run_folder(spec:RunSpec, info:dict, st:TrainState):
+    "Rank 0 opens the run folder: the log cut back to the step it resumes from, config.json, and status 'running'."
+    truncate_log(spec.run_dir/'log.jsonl', st.step)   # steps from here on are trained again (all of them when no checkpoint survived)
+    write_json(spec.run_dir/'config.json', info)
+    write_json(spec.run_dir/'status.json', dict(state='running', pid=os.getpid(), host=info['host'], step=st.step,
+                                               total_steps=spec.train.max_steps, stage=spec.train.stage, started=time.time()))
+
+def _record_error(spec:RunSpec, st:TrainState, e:BaseException):
+    "status.json says how the run ended when the loop raised (best effort: the disk may be what failed)."
+    try: write_json(spec.run_dir/'status.json', dict(state='error', message=f'{type(e).__name__}: {e}', step=st.step,
+                                                    total_steps=spec.train.max_steps, ended=time.time()))
+    except OSError: pass
 
 # %% ../nbs/09_train.ipynb #ee834730
 def _objective_spec(spec:RunSpec, ranks:Ranks) -> RunSpec:
@@ -421,52 +447,55 @@ class _Loop:
         self.saved_step = st.step if checkpoint else None
         self.resumed_from, self.stopped, self.signum, self.session_tokens, self.best_pending = checkpoint, 'finished', None, 0, False
 
-    def run(self):
-        t, st, total = self.t, self.st, self.t.max_steps
-        inject, step_s, save_s, bad_in_row = inject_nan_steps(self.ranks.rank), None, 0.0, 0
-        self.t_start = last_save = self.last_log = time.perf_counter(); self.last_log_tokens = st.tokens
-        ranks, agreed_signal = self.ranks, 0
-        # one process drops the step a signal interrupts; ranks finish it together, agree, then stop
-        signalled = lambda: sig.signum if ranks.world == 1 else agreed_signal
-        pbar = tqdm(total=total, initial=st.step, disable=not self.progress or not ranks.main, desc=self.spec.run_name, dynamic_ncols=True,
-                    mininterval=0.5 if sys.stderr.isatty() else 10, file=sys.stderr)
-        if st.step == 0 and not st.evals:   # the starting weights: the "before" of this stage's metric
-            self._validate(); self._save(best=True)
-        with StopOnSignal() as sig, open(self.run_dir/'log.jsonl', 'a') if ranks.main else contextlib.nullcontext() as log:
-            while st.step < total and not signalled():
-                t_step, rng_at_step = time.perf_counter(), rng_state()   # dropout draws from it: a dropped step must not advance it
-                self.cmodel.train()
-                r = train_step(self.cmodel, self.opt, self.objective, st.step, t, self.dev,
-                               (lambda: sig.signum) if ranks.world == 1 else (lambda: None), st.step in inject, ranks)
-                if r is None: set_rng_state(rng_at_step); break
-                self.timings['data'] += r.data_seconds
-                if r.ok: st.record(r.loss); bad_in_row = 0   # r.ok, like r.loss, is the same on every rank
-                else:
-                    st.bad_steps += 1; bad_in_row += 1
-                    if ranks.main: tqdm.write(f'step {st.step}: loss {r.loss}, grad norm {r.grad_norm}: not finite, step skipped '
-                               f'({bad_in_row} in a row, {st.bad_steps} in this run)', file=sys.stderr)
-                lr = self.opt.param_groups[0]['lr']   # this step's (the scheduler moves it after)
-                self.sched.step()
-                st.step += 1; st.tokens += r.tokens; self.session_tokens += r.tokens
-                now = time.perf_counter()
-                step_s = now - t_step if step_s is None else 0.9 * step_s + 0.1 * (now - t_step)
-                val = self._validate() if st.step % t.eval_interval == 0 or st.step == total else None
-                if ranks.main and ((st.step - 1) % t.log_interval == 0 or st.step == total or val): self._log(log, r, lr, now, val)
-                pbar.set_postfix(loss=f'{r.loss:.3f}', refresh=False); pbar.update(1)
-                if self.share: self.share.check()   # fewer threads while another program holds a core
-                if bad_in_row >= t.max_bad_steps: self.stopped = 'nan'; break
-                if val and t.early_stop_patience and st.evals_since_best >= t.early_stop_patience: self.stopped = 'early_stop'; break
-                # a signal and a save that is due on any rank's clock hold for all ranks (`max` over ranks; as they are on one)
-                agreed_signal, save_due = ranks.max(sig.signum or 0, st.step % t.save_interval == 0 or now - last_save >= t.save_minutes * 60)
-                if save_due: save_s = self._save(); last_save = time.perf_counter()
-                if self.best_pending and st.step < total: self._save(best=True)   # the end saves the rolling one first
-                if t.budget_hours and ranks.max((now - self.t_start) + 2 * step_s + 2 * max(save_s, step_s) >= t.budget_hours * 3600)[0]:
-                    self.stopped = 'budget'; break
-            pbar.close()
-            if signalled(): self.stopped, self.signum = 'signal', signalled()
-            if self.saved_step != st.step: self._save()
-            if self.best_pending: self._save(best=True)
-        self.timings['total'] = time.perf_counter() - self.t_start
+# %% ../nbs/09_train.ipynb #3c6b40ee
+@patch
+def run(self:_Loop):
+    "Train until the steps are done, a signal, a budget, an early stop or too many non-finite steps."
+    t, st, total = self.t, self.st, self.t.max_steps
+    inject, step_s, save_s, bad_in_row = inject_nan_steps(self.ranks.rank), None, 0.0, 0
+    self.t_start = last_save = self.last_log = time.perf_counter(); self.last_log_tokens = st.tokens
+    ranks, agreed_signal = self.ranks, 0
+    # one process drops the step a signal interrupts; ranks finish it together, agree, then stop
+    signalled = lambda: sig.signum if ranks.world == 1 else agreed_signal
+    pbar = tqdm(total=total, initial=st.step, disable=not self.progress or not ranks.main, desc=self.spec.run_name, dynamic_ncols=True,
+                mininterval=0.5 if sys.stderr.isatty() else 10, file=sys.stderr)
+    if st.step == 0 and not st.evals:   # the starting weights: the "before" of this stage's metric
+        self._validate(); self._save(best=True)
+    with StopOnSignal() as sig, open(self.run_dir/'log.jsonl', 'a') if ranks.main else contextlib.nullcontext() as log:
+        while st.step < total and not signalled():
+            t_step, rng_at_step = time.perf_counter(), rng_state()   # dropout draws from it: a dropped step must not advance it
+            self.cmodel.train()
+            r = train_step(self.cmodel, self.opt, self.objective, st.step, t, self.dev,
+                           (lambda: sig.signum) if ranks.world == 1 else (lambda: None), st.step in inject, ranks)
+            if r is None: set_rng_state(rng_at_step); break
+            self.timings['data'] += r.data_seconds
+            if r.ok: st.record(r.loss); bad_in_row = 0   # r.ok, like r.loss, is the same on every rank
+            else:
+                st.bad_steps += 1; bad_in_row += 1
+                if ranks.main: tqdm.write(f'step {st.step}: loss {r.loss}, grad norm {r.grad_norm}: not finite, step skipped '
+                           f'({bad_in_row} in a row, {st.bad_steps} in this run)', file=sys.stderr)
+            lr = self.opt.param_groups[0]['lr']   # this step's (the scheduler moves it after)
+            self.sched.step()
+            st.step += 1; st.tokens += r.tokens; self.session_tokens += r.tokens
+            now = time.perf_counter()
+            step_s = now - t_step if step_s is None else 0.9 * step_s + 0.1 * (now - t_step)
+            val = self._validate() if st.step % t.eval_interval == 0 or st.step == total else None
+            if ranks.main and ((st.step - 1) % t.log_interval == 0 or st.step == total or val): self._log(log, r, lr, now, val)
+            pbar.set_postfix(loss=f'{r.loss:.3f}', refresh=False); pbar.update(1)
+            if self.share: self.share.check()   # fewer threads while another program holds a core
+            if bad_in_row >= t.max_bad_steps: self.stopped = 'nan'; break
+            if val and t.early_stop_patience and st.evals_since_best >= t.early_stop_patience: self.stopped = 'early_stop'; break
+            # a signal and a save that is due on any rank's clock hold for all ranks (`max` over ranks; as they are on one)
+            agreed_signal, save_due = ranks.max(sig.signum or 0, st.step % t.save_interval == 0 or now - last_save >= t.save_minutes * 60)
+            if save_due: save_s = self._save(); last_save = time.perf_counter()
+            if self.best_pending and st.step < total: self._save(best=True)   # the end saves the rolling one first
+            if t.budget_hours and ranks.max((now - self.t_start) + 2 * step_s + 2 * max(save_s, step_s) >= t.budget_hours * 3600)[0]:
+                self.stopped = 'budget'; break
+        pbar.close()
+        if signalled(): self.stopped, self.signum = 'signal', signalled()
+        if self.saved_step != st.step: self._save()
+        if self.best_pending: self._save(best=True)
+    self.timings['total'] = time.perf_counter() - self.t_start
 
 # %% ../nbs/09_train.ipynb #42d4eb3b
 @patch
