@@ -479,23 +479,48 @@ def run(self:_Loop):
             st.step += 1; st.tokens += r.tokens; self.session_tokens += r.tokens
             now = time.perf_counter()
             step_s = now - t_step if step_s is None else 0.9 * step_s + 0.1 * (now - t_step)
-            val = self._validate() if st.step % t.eval_interval == 0 or st.step == total else None
-            if ranks.main and ((st.step - 1) % t.log_interval == 0 or st.step == total or val): self._log(log, r, lr, now, val)
+            val = self._validate() if self._validation_due() else None
+            if ranks.main and self._log_due(val): self._log(log, r, lr, now, val)
             pbar.set_postfix(loss=f'{r.loss:.3f}', refresh=False); pbar.update(1)
             if self.share: self.share.check()   # fewer threads while another program holds a core
-            if bad_in_row >= t.max_bad_steps: self.stopped = 'nan'; break
-            if val and t.early_stop_patience and st.evals_since_best >= t.early_stop_patience: self.stopped = 'early_stop'; break
+            if stop := self._stop_due(bad_in_row, val): self.stopped = stop; break
             # a signal and a save that is due on any rank's clock hold for all ranks (`max` over ranks; as they are on one)
-            agreed_signal, save_due = ranks.max(sig.signum or 0, st.step % t.save_interval == 0 or now - last_save >= t.save_minutes * 60)
+            agreed_signal, save_due = ranks.max(sig.signum or 0, self._save_due(now, last_save))
             if save_due: save_s = self._save(); last_save = time.perf_counter()
             if self.best_pending and st.step < total: self._save(best=True)   # the end saves the rolling one first
-            if t.budget_hours and ranks.max((now - self.t_start) + 2 * step_s + 2 * max(save_s, step_s) >= t.budget_hours * 3600)[0]:
-                self.stopped = 'budget'; break
+            if t.budget_hours and ranks.max(self._budget_due(now, step_s, save_s))[0]: self.stopped = 'budget'; break   # (no collective without a budget)
         pbar.close()
         if signalled(): self.stopped, self.signum = 'signal', signalled()
         if self.saved_step != st.step: self._save()
         if self.best_pending: self._save(best=True)
     self.timings['total'] = time.perf_counter() - self.t_start
+
+# %% ../nbs/09_train.ipynb #b273cea5
+@patch
+def _validation_due(self:_Loop) -> bool:
+    "Every `eval_interval` steps, and after the last."
+    return self.st.step % self.t.eval_interval == 0 or self.st.step == self.t.max_steps
+
+@patch
+def _log_due(self:_Loop, val) -> bool:
+    "The first step and every `log_interval` after it, the last step, and every step that validated."
+    return (self.st.step - 1) % self.t.log_interval == 0 or self.st.step == self.t.max_steps or bool(val)
+
+@patch
+def _save_due(self:_Loop, now:float, last_save:float) -> bool:
+    "Every `save_interval` steps, or `save_minutes` after the last save, whichever comes first."
+    return self.st.step % self.t.save_interval == 0 or now - last_save >= self.t.save_minutes * 60
+
+@patch
+def _stop_due(self:_Loop, bad_in_row:int, val) -> str | None:
+    "'nan' after `max_bad_steps` non-finite steps in a row; 'early_stop' after `early_stop_patience` validations without a best."
+    if bad_in_row >= self.t.max_bad_steps: return 'nan'
+    if val and self.t.early_stop_patience and self.st.evals_since_best >= self.t.early_stop_patience: return 'early_stop'
+
+@patch
+def _budget_due(self:_Loop, now:float, step_s:float, save_s:float) -> bool:
+    "Stop now if two more steps and two saves would run past `budget_hours`."
+    return bool(self.t.budget_hours) and (now - self.t_start) + 2 * step_s + 2 * max(save_s, step_s) >= self.t.budget_hours * 3600
 
 # %% ../nbs/09_train.ipynb #42d4eb3b
 @patch
