@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np, pandas as pd
 from datasketch import MinHash, MinHashLSH
 from tqdm import tqdm
-from .sources import CODE_LANGS, Doc, read_text_file, run_tests
+from .sources import CODE_LANGS, read_text_file
+from .tasks import Doc, run_tests
 from .sandbox import check_records
 
 # %% auto #0

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import numpy as np
 from tqdm import tqdm
-from .sources import Doc, _unit_hash
+from .tasks import Doc, unit_hash
 from .tokenizer import SPECIAL_TOKENS, load_tokenizer, tokenizer_sha256
 
 # %% auto #0
@@ -20,10 +20,10 @@ __all__ = ['MANIFEST_FORMAT', 'CATEGORIES', 'split_documents', 'sha256_file', 'w
 # %% ../nbs/03e_shards.ipynb #f56b5ca7
 def split_documents(docs:list[Doc], val_fraction:float=0.02) -> dict:
     "`{doc.id: 'train' | 'val'}`: hash of the id below `val_fraction` is val, at least one val doc per category."
-    split = {d.id: 'val' if _unit_hash(d.id) < val_fraction else 'train' for d in docs}
+    split = {d.id: 'val' if unit_hash(d.id) < val_fraction else 'train' for d in docs}
     for cat in {d.category for d in docs}:
         mine = [d for d in docs if d.category == cat]
-        if len(mine) > 1 and not any(split[d.id] == 'val' for d in mine): split[min(mine, key=lambda d: _unit_hash(d.id)).id] = 'val'
+        if len(mine) > 1 and not any(split[d.id] == 'val' for d in mine): split[min(mine, key=lambda d: unit_hash(d.id)).id] = 'val'
     return split
 
 # %% ../nbs/03e_shards.ipynb #8db0c101

@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np, pandas as pd
 from datasketch import MinHashLSH
 from tqdm import tqdm
-from .sources import Doc, _unit_hash
+from .tasks import Doc, unit_hash
 from .filters import FILTER_STAGES, NUM_PERM, _analyze_many, _first_failure
 from .shards import CATEGORIES, _write_manifest
 from .tokenizer import SPECIAL_TOKENS, load_tokenizer
@@ -94,13 +94,13 @@ class SplitTracker:
     def __init__(self, val_fraction:float=0.02): self.val_fraction, self.cats, self._extra = val_fraction, {}, None
     def add(self, d:Doc):
         "Count `d` in its category."
-        h, c = _unit_hash(d.id), self.cats.setdefault(d.category, [0, False, None])
+        h, c = unit_hash(d.id), self.cats.setdefault(d.category, [0, False, None])
         c[0] += 1; c[1] |= h < self.val_fraction
         if c[2] is None or h < c[2][0]: c[2] = (h, d.id)      # the first of equal hashes, as min() picks it
         self._extra = None
     def __call__(self, doc_id:str) -> str:
         if self._extra is None: self._extra = {c[2][1] for c in self.cats.values() if c[0] > 1 and not c[1]}   # fixed once every document is in
-        return 'val' if _unit_hash(doc_id) < self.val_fraction or doc_id in self._extra else 'train'
+        return 'val' if unit_hash(doc_id) < self.val_fraction or doc_id in self._extra else 'train'
 
 # %% ../nbs/03c_stream.ipynb #4a569218
 class FilterCounts:
@@ -154,7 +154,7 @@ def stream_filter(docs:Iterable[Doc],               # candidates, in a fixed ord
 # %% ../nbs/03c_stream.ipynb #fd48f0ef
 def tokenizer_sample(spool:Spool, split:Callable[[str], str], sample_mb:float=256) -> tuple[Callable[[dict], bool], dict]:
     "`(keep, info)`: `keep(meta)` picks the training documents the tokenizer learns from: all of them up to `sample_mb` MB, else `sample_mb` MB of them (at most one document more), in the order of a hash of their ids."
-    train = sorted((_unit_hash('tokenizer:' + m['id']), m['nbytes']) for m in spool.meta() if split(m['id']) == 'train')
+    train = sorted((unit_hash('tokenizer:' + m['id']), m['nbytes']) for m in spool.meta() if split(m['id']) == 'train')
     total, bound, cut, taken = sum(n for _, n in train), sample_mb * 2**20, float('inf'), 0
     if total > bound:                  # the smallest hashes until the bound is reached: bytes within one document of it, whatever the corpus
         for h, n in train:
@@ -162,7 +162,7 @@ def tokenizer_sample(spool:Spool, split:Callable[[str], str], sample_mb:float=25
             if taken >= bound: cut = h; break
     picked = [n for h, n in train if h <= cut]
     info = dict(train_docs=len(train), train_bytes=total, fraction=round(sum(picked) / total, 6) if total else 1.0, docs=len(picked), bytes=sum(picked))
-    return (lambda m: split(m['id']) == 'train' and _unit_hash('tokenizer:' + m['id']) <= cut), info
+    return (lambda m: split(m['id']) == 'train' and unit_hash('tokenizer:' + m['id']) <= cut), info
 
 # %% ../nbs/03c_stream.ipynb #2bb0be94
 _TOKENIZER = None

@@ -1,4 +1,4 @@
-"""The data pipeline (fsi_nb.sources, filters, shards, data, batches) on a real (small) corpus: manifest and shards, the split,
+"""The data pipeline (fsi_nb.tasks, sources, filters, shards, data, batches) on a real (small) corpus: manifest and shards, the split,
 determinism across processes and resumes, data-mix phases, FIM on real code, DataLoader workers, every bad input from the
 issue, and the prepare run notebook."""
 import json, os, shutil, subprocess, sys, textwrap, time
@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from fsi_nb.sandbox import check_records
-from fsi_nb.sources import Doc, collect_sources, load_coldstart, read_text_file, run_tests
+from fsi_nb.sources import collect_sources, read_text_file
+from fsi_nb.tasks import Doc, load_coldstart, load_records, run_tests
 from fsi_nb.shards import manifest_sha256, split_documents, verify_manifest
-from fsi_nb.data import NoDocumentsError, ensure_prepared, load_records, prepare
+from fsi_nb.data import NoDocumentsError, ensure_prepared, prepare
 from fsi_nb.batches import Batcher, CodeDataset, collate_fn, fim_permute, mix_for_step
 from fsi_nb.tokenizer import SPECIAL_TOKENS, load_tokenizer, tokenizer_sha256, train_tokenizer
 
@@ -276,7 +277,7 @@ def test_load_records_gives_each_split_with_its_parts(prepared_data):
 
 
 def test_explain_records_are_deterministic_split_and_not_in_the_corpus(prepared_data):
-    from fsi_nb.sources import explain_records, explain_tasks
+    from fsi_nb.tasks import explain_records, explain_tasks
     tr, va = explain_records('train', n=600, seed=5), explain_records('val', n=600, seed=5)
     assert tr == explain_records('train', n=600, seed=5) and len(tr) + len(va) == 600 and 0 < len(va) < 90
     assert not {(r['lang'], r['entry_point']) for r in tr} & {(r['lang'], r['entry_point']) for r in va}

@@ -10,7 +10,7 @@ from fsi_nb.evaluate import category_metrics, fim_exact_match, fim_examples, tok
 from fsi_nb.humaneval import check_harness, load_problems, outcome, pass_at_k, pass_at_ks, run_samples, truncate_at_stops
 from fsi_nb.model import FSIEdgeModel
 from fsi_nb.shards import write_shards
-from fsi_nb.sources import Doc
+from fsi_nb.tasks import Doc
 from fsi_nb.tokenizer import SPECIAL_TOKENS, load_tokenizer, structure_tables, train_tokenizer
 
 
