@@ -7,15 +7,31 @@ from __future__ import annotations
 import json, logging, re, resource, shutil, time
 from collections import Counter
 from pathlib import Path
+from typing import Callable
 import pandas as pd
 from .config import load_settings
 from .tokenizer import train_tokenizer
+from .tasks import unit_hash
 from .sources import DEFAULT_SOURCES, iter_sources
-from .shards import manifest_path, manifest_sha256, verify_manifest
-from .stream import FilterCounts, SplitTracker, Spool, stream_filter, stream_shards, tokenizer_sample
+from .stream import Spool
+from .filters import FilterCounts, stream_filter
+from .shards import SplitTracker, manifest_sha256, stream_shards, verify_manifest
 
 # %% auto #0
-__all__ = ['log', 'NoDocumentsError', 'prepare', 'ensure_prepared']
+__all__ = ['log', 'tokenizer_sample', 'NoDocumentsError', 'prepare', 'ensure_prepared']
+
+# %% ../nbs/03f_data.ipynb #fd48f0ef
+def tokenizer_sample(spool:Spool, split:Callable[[str], str], sample_mb:float=256) -> tuple[Callable[[dict], bool], dict]:
+    "`(keep, info)`: `keep(meta)` picks the training documents the tokenizer learns from: all of them up to `sample_mb` MB, else `sample_mb` MB of them (at most one document more), in the order of a hash of their ids."
+    train = sorted((unit_hash('tokenizer:' + m['id']), m['nbytes']) for m in spool.meta() if split(m['id']) == 'train')
+    total, bound, cut, taken = sum(n for _, n in train), sample_mb * 2**20, float('inf'), 0
+    if total > bound:                  # the smallest hashes until the bound is reached: bytes within one document of it, whatever the corpus
+        for h, n in train:
+            taken += n
+            if taken >= bound: cut = h; break
+    picked = [n for h, n in train if h <= cut]
+    info = dict(train_docs=len(train), train_bytes=total, fraction=round(sum(picked) / total, 6) if total else 1.0, docs=len(picked), bytes=sum(picked))
+    return (lambda m: split(m['id']) == 'train' and unit_hash('tokenizer:' + m['id']) <= cut), info
 
 # %% ../nbs/03f_data.ipynb #a03d0001
 log = logging.getLogger(__name__)

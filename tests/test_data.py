@@ -12,7 +12,7 @@ import torch
 from fsi_nb.sandbox import check_records
 from fsi_nb.sources import collect_sources, read_text_file
 from fsi_nb.tasks import Doc, load_coldstart, load_records, run_tests
-from fsi_nb.shards import manifest_sha256, split_documents, verify_manifest
+from fsi_nb.shards import SplitTracker, manifest_sha256, verify_manifest
 from fsi_nb.data import NoDocumentsError, ensure_prepared, prepare
 from fsi_nb.batches import Batcher, CodeDataset, collate_fn, fim_permute, mix_for_step
 from fsi_nb.tokenizer import SPECIAL_TOKENS, load_tokenizer, tokenizer_sha256, train_tokenizer
@@ -65,8 +65,11 @@ def test_cold_start_records_pass_their_tests(prepared_data):
 
 def test_split_is_by_document_and_stable():
     docs = [Doc(f'stdlib:mod{i}.py', 'stdlib', 'python', text='x') for i in range(2000)]
-    a = split_documents(docs, 0.02)
-    b = split_documents(docs[::3], 0.02)                                   # a smaller corpus keeps each doc's side
+    def split(docs):
+        st = SplitTracker(0.02)
+        for d in docs: st.add(d)
+        return {d.id: st(d.id) for d in docs}
+    a, b = split(docs), split(docs[::3])                                   # a smaller corpus keeps each doc's side
     assert all(a[k] == v for k, v in b.items())
     assert 20 < list(a.values()).count('val') < 65
 
