@@ -177,6 +177,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'fsi_nb.dashboard.watch': ('dashboard.html#watch', 'fsi_nb/dashboard.py')},
             'fsi_nb.data': { 'fsi_nb.data.NoDocumentsError': ('data.html#nodocumentserror', 'fsi_nb/data.py'),
                              'fsi_nb.data._cpu_seconds': ('data.html#_cpu_seconds', 'fsi_nb/data.py'),
+                             'fsi_nb.data._failed_reports_dir': ('data.html#_failed_reports_dir', 'fsi_nb/data.py'),
                              'fsi_nb.data._no_documents_message': ('data.html#_no_documents_message', 'fsi_nb/data.py'),
                              'fsi_nb.data._peak_rss_mb': ('data.html#_peak_rss_mb', 'fsi_nb/data.py'),
                              'fsi_nb.data._prepare_report': ('data.html#_prepare_report', 'fsi_nb/data.py'),

@@ -71,12 +71,19 @@ def _top_reasons(rows:list[dict], k:int=5) -> str:
     return '; '.join(f"{n} × {st}: {short(first[st, g][0])}" + (' (and the like)' if len(first[st, g]) > 1 else '')
                      for (st, g), n in groups.most_common(k))
 
-def _no_documents_message(counts:FilterCounts, status:dict, out:Path) -> str:
+def _failed_reports_dir(out:Path) -> Path:
+    "Where a prepare that kept no document writes its reports: `out`, unless `out` holds a prepared corpus; then `<out>.failed/` beside it."
+    if not (out/'manifest.json').exists(): return out
+    failed = out.with_name(out.name + '.failed'); failed.mkdir(exist_ok=True)
+    return failed
+
+def _no_documents_message(counts:FilterCounts, status:dict, reports:Path, out:Path) -> str:
     srcs = ', '.join(f"{name}: {st['candidates']}" + (f" (skipped: {st['reason']})" if st['reason'] else '') for name, st in status.items())
-    fix = (f"Fix: check the sources (candidates per source: {srcs}); {out/'rejected.csv'} lists every rejected document "
-           f"with its full reason, {out/'filter_report.csv'} the documents in and out of each stage.")
-    if not counts.n: return f"no document survived the filters: the sources gave no candidate documents. {fix}"
-    return f"no document survived the filters: all {counts.n} candidates were rejected. Top reasons: {_top_reasons(counts.rejected)}. {fix}"
+    kept = '' if reports == out else f" {out} keeps the corpus prepared there before, untouched; this run's reports are beside it, in {reports}."
+    fix = (f"Fix: check the sources (candidates per source: {srcs}); {reports/'rejected.csv'} lists every rejected document "
+           f"with its full reason, {reports/'filter_report.csv'} the documents in and out of each stage.")
+    if not counts.n: return f"no document survived the filters: the sources gave no candidate documents.{kept} {fix}"
+    return f"no document survived the filters: all {counts.n} candidates were rejected. Top reasons: {_top_reasons(counts.rejected)}.{kept} {fix}"
 
 # %% ../nbs/03f_data.ipynb #de786c24
 _STREAM_DEFAULTS = dict(text_field='text', tokenizer_sample_mb=256)   # recorded in the manifest only when changed, so a default corpus keeps its manifest hash
@@ -140,9 +147,10 @@ def prepare(out_dir=None,                    # None: settings.ini data_dir
     try:
         counts = stream_filter(cands, keep, workers, max_file_bytes, near_dup_threshold, max_buffer_mb, progress)
         spool.close(); lap('filter', t0, cpu0)        # reading the sources is part of it: they stream into the filters
-        if not spool.n:                                # the report the message points at; a corpus already in out stays as it was
-            _write_filter_report(counts, out)
-            raise NoDocumentsError(_no_documents_message(counts, status, out))
+        if not spool.n:                                # the report the message points at; a corpus already in out stays as it was, its reports too
+            reports = _failed_reports_dir(out)
+            _write_filter_report(counts, reports)
+            raise NoDocumentsError(_no_documents_message(counts, status, reports, out))
         for name, st in status.items(): st['kept'] = kept[name]
         for name in _OUTPUTS:                          # only what prepare itself writes
             p = out/name

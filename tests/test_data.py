@@ -1,7 +1,7 @@
 """The data pipeline (fsi_nb.tasks, sources, filters, shards, data, batches) on a real (small) corpus: manifest and shards, the split,
 determinism across processes and resumes, data-mix phases, FIM on real code, DataLoader workers, every bad input from the
 issue, and the prepare run notebook."""
-import json, os, shutil, subprocess, sys, textwrap, time
+import hashlib, json, os, shutil, subprocess, sys, textwrap, time
 from collections import Counter
 from pathlib import Path
 
@@ -221,13 +221,24 @@ def test_a_corpus_that_all_fails_names_the_reasons_and_writes_the_report(tmp_pat
     assert not (tmp_path / 'out' / 'manifest.json').exists()
 
 
-def test_a_failed_prepare_keeps_the_corpus_already_there(tmp_path):
+def _hashes(folder) -> dict:
+    "Every path under `folder`, with its SHA-256 (None for a folder)."
+    return {p.relative_to(folder): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None for p in sorted(folder.rglob('*'))}
+
+
+def test_a_failed_prepare_leaves_the_prepared_folder_byte_for_byte(tmp_path):
+    "prepare(overwrite=True) whose sources keep no document: the folder's corpus and its reports stay as they were; the failed run's reports go beside it."
     d = _small(tmp_path)
-    before = {p.relative_to(d): p.read_bytes() for p in d.rglob('*') if p.is_file() and p.suffix != '.csv'}
-    with pytest.raises(NoDocumentsError, match='no document survived'):
+    before = _hashes(d)
+    assert {Path('manifest.json'), Path('filter_report.csv'), Path('rejected.csv'), Path('filter_report.json')} <= set(before)
+    with pytest.raises(NoDocumentsError, match='no document survived') as e:
         prepare(d, sources=(str(_all_bad(tmp_path / 'src')),), workers=1, progress=False, overwrite=True)
-    assert {p.relative_to(d): p.read_bytes() for p in d.rglob('*') if p.is_file() and p.suffix != '.csv'} == before
-    assert verify_manifest(d) and 'latin1.py' in (d / 'rejected.csv').read_text()
+    assert _hashes(d) == before and verify_manifest(d)                     # every file, the reports included, and nothing added
+    failed, msg = tmp_path / 'data.failed', str(e.value)
+    assert str(failed / 'rejected.csv') in msg and str(failed / 'filter_report.csv') in msg and f'{d} keeps the corpus prepared there before' in msg
+    assert str(d / 'rejected.csv') not in msg
+    assert 'latin1.py' in (failed / 'rejected.csv').read_text() and 'latin1.py' not in (d / 'rejected.csv').read_text()
+    assert (failed / 'filter_report.csv').read_text().splitlines()[0] == 'source,stage,docs_in,docs_out,bytes_in,bytes_out,rejected'
 
 
 def test_train_cli_exits_2_on_a_corpus_that_all_fails(tmp_path):
