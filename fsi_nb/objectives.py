@@ -4,24 +4,22 @@
 
 # %% ../nbs/08c_objectives.ipynb #38519d3c
 from __future__ import annotations
-import copy, hashlib, math, operator, os, random, time
+import copy, math, os, time
 from pathlib import Path
 
 import numpy as np, torch
 
 from .config import TrainConfig
 from .tokenizer import SPECIAL_TOKENS, load_tokenizer
-from .sources import load_coldstart, explain_records
-from .data import load_records
+from .tasks import task_records
 from .batches import Batcher, seq_len_for_step
 from .runs import RunSpec, autocast_context
 from .sandbox import run_many
 
 # %% auto #0
-__all__ = ['TASK_FAMILIES', 'OBJECTIVES', 'Objective', 'NextToken', 'FIM', 'arith_tasks', 'task_records', 'chat_pieces',
-           'encode_example', 'pack_examples', 'SFT', 'SFTReasoning', 'sample_group', 'completion_batch',
-           'sequence_logprobs', 'format_reward', 'completion_code', 'group_advantages', 'grpo_loss', 'GRPO',
-           'GRPOExecution', 'dpo_loss', 'DPO', 'make_objective']
+__all__ = ['OBJECTIVES', 'Objective', 'NextToken', 'FIM', 'chat_pieces', 'encode_example', 'pack_examples', 'SFT', 'SFTReasoning',
+           'sample_group', 'completion_batch', 'sequence_logprobs', 'format_reward', 'completion_code',
+           'group_advantages', 'grpo_loss', 'GRPO', 'GRPOExecution', 'dpo_loss', 'DPO', 'make_objective']
 
 # %% ../nbs/08c_objectives.ipynb #9c4a7724
 class Objective:
@@ -90,37 +88,6 @@ class FIM(NextToken):
         if not (spec.stage.data_mix and spec.stage.data_mix.fim_rate): raise ValueError(
             f"{spec.stage.name} trains fim but its data_mix has no fim_rate. Fix: give its row a DataMix with fim_rate > 0 (e.g. FIM_MIX).")
         super().__init__(spec, data_dir, verify)
-
-# %% ../nbs/08c_objectives.ipynb #ba1c4c45
-_ARITH = [('plus', '+', operator.add), ('minus', '-', operator.sub), ('times', '*', operator.mul)]
-_ARITH_NAMES = ['shift', 'bump', 'scale', 'move', 'step', 'adjust', 'nudge', 'apply']
-
-def arith_tasks(n:int=2000, seed:int=0) -> list[dict]:
-    "`n` code records of the family 'return x <op> K' with their tests; 10% of them (by hash of the text) are `val`."
-    R, out = random.Random(seed), []
-    for i in range(n):
-        (word, op, fn), k, name = R.choice(_ARITH), R.randint(1, 9), R.choice(_ARITH_NAMES)
-        xs = [R.randint(-20, 20) for _ in range(3)]
-        code = f"def {name}(x):\n    return x {op} {k}\n"
-        prompt = f"Write a Python function `{name}(x)` that returns x {word} {k}."
-        split = 'val' if int(hashlib.sha256(prompt.encode()).hexdigest()[:8], 16) % 10 == 0 else 'train'
-        out.append(dict(id=f'arith:{i:06d}', kind='code', prompt=prompt, thought=f"{name} applies {op} {k} to x.", answer='', code=code,
-                        entry_point=name, tests=[f"assert {name}({x}) == {fn(x, k)}" for x in xs], split=split))
-    return out
-
-TASK_FAMILIES = ('coldstart', 'arith')
-
-def task_records(data_dir, tasks:str, split:str, kinds=('code', 'math', 'explain')) -> list[dict]:
-    "The records of `split` for a record stage: `tasks` names families from `TASK_FAMILIES`, joined by '+' for a mix."
-    families = tasks.split('+')
-    if any(f not in TASK_FAMILIES for f in families):
-        raise ValueError(f"tasks={tasks!r}. Fix: use 'coldstart' or 'arith', or both as 'coldstart+arith'.")
-    recs = []
-    for f in families:
-        if f == 'arith': recs += [r for r in arith_tasks() if r['split'] == split and r['kind'] in kinds]
-        else:   # explain tasks are not in the corpus: drawn here
-            recs += [r for r in load_records(data_dir, split) if r['kind'] in kinds] + (explain_records(split) if 'explain' in kinds else [])
-    return recs
 
 # %% ../nbs/08c_objectives.ipynb #af307891
 def chat_pieces(rec:dict, with_thought:bool=False) -> tuple[str, str]:

@@ -385,7 +385,7 @@ def check_record(rec:dict,          # a cold-start record: code, tests, answer
                  timeout:float=5.0, # seconds for the record's code and all its tests
                  **kw,              # other run_code arguments (limits, mode)
                 ) -> str | None:
-    "None when the record's `code` passes all its `tests` in the sandbox, else the reason (the contract of `sources.run_tests`)."
+    "None when the record's `code` passes all its `tests` in the sandbox, else the reason (the contract of `tasks.run_tests`)."
     tests = rec.get('tests') or []
     r = run_code(rec.get('code') or '', tests, timeout=timeout, name='coldstart', bindings={'answer': rec.get('answer', '')}, **kw)
     if r.passed: return None if tests else 'has no tests'

@@ -1,7 +1,7 @@
-"""The data pipeline (fsi_nb.sources, filters, shards, data, batches) on a real (small) corpus: manifest and shards, the split,
+"""The data pipeline (fsi_nb.tasks, sources, filters, shards, data, batches) on a real (small) corpus: manifest and shards, the split,
 determinism across processes and resumes, data-mix phases, FIM on real code, DataLoader workers, every bad input from the
 issue, and the prepare run notebook."""
-import json, os, shutil, subprocess, sys, textwrap, time
+import hashlib, json, os, shutil, subprocess, sys, textwrap, time
 from collections import Counter
 from pathlib import Path
 
@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from fsi_nb.sandbox import check_records
-from fsi_nb.sources import Doc, collect_sources, load_coldstart, read_text_file, run_tests
-from fsi_nb.shards import manifest_sha256, split_documents, verify_manifest
-from fsi_nb.data import NoDocumentsError, ensure_prepared, load_records, prepare
+from fsi_nb.sources import collect_sources, read_text_file
+from fsi_nb.tasks import Doc, load_coldstart, load_records, run_tests
+from fsi_nb.shards import SplitTracker, manifest_sha256, verify_manifest
+from fsi_nb.data import NoDocumentsError, ensure_prepared, prepare
 from fsi_nb.config import DataMix, FIM_MIX
 from fsi_nb.batches import Batcher, CodeDataset, collate_fn, fim_permute, mix_for_step
 from fsi_nb.tokenizer import SPECIAL_TOKENS, load_tokenizer, tokenizer_sha256, train_tokenizer
@@ -65,8 +66,11 @@ def test_cold_start_records_pass_their_tests(prepared_data):
 
 def test_split_is_by_document_and_stable():
     docs = [Doc(f'stdlib:mod{i}.py', 'stdlib', 'python', text='x') for i in range(2000)]
-    a = split_documents(docs, 0.02)
-    b = split_documents(docs[::3], 0.02)                                   # a smaller corpus keeps each doc's side
+    def split(docs):
+        st = SplitTracker(0.02)
+        for d in docs: st.add(d)
+        return {d.id: st(d.id) for d in docs}
+    a, b = split(docs), split(docs[::3])                                   # a smaller corpus keeps each doc's side
     assert all(a[k] == v for k, v in b.items())
     assert 20 < list(a.values()).count('val') < 65
 
@@ -218,13 +222,24 @@ def test_a_corpus_that_all_fails_names_the_reasons_and_writes_the_report(tmp_pat
     assert not (tmp_path / 'out' / 'manifest.json').exists()
 
 
-def test_a_failed_prepare_keeps_the_corpus_already_there(tmp_path):
+def _hashes(folder) -> dict:
+    "Every path under `folder`, with its SHA-256 (None for a folder)."
+    return {p.relative_to(folder): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None for p in sorted(folder.rglob('*'))}
+
+
+def test_a_failed_prepare_leaves_the_prepared_folder_byte_for_byte(tmp_path):
+    "prepare(overwrite=True) whose sources keep no document: the folder's corpus and its reports stay as they were; the failed run's reports go beside it."
     d = _small(tmp_path)
-    before = {p.relative_to(d): p.read_bytes() for p in d.rglob('*') if p.is_file() and p.suffix != '.csv'}
-    with pytest.raises(NoDocumentsError, match='no document survived'):
+    before = _hashes(d)
+    assert {Path('manifest.json'), Path('filter_report.csv'), Path('rejected.csv'), Path('filter_report.json')} <= set(before)
+    with pytest.raises(NoDocumentsError, match='no document survived') as e:
         prepare(d, sources=(str(_all_bad(tmp_path / 'src')),), workers=1, progress=False, overwrite=True)
-    assert {p.relative_to(d): p.read_bytes() for p in d.rglob('*') if p.is_file() and p.suffix != '.csv'} == before
-    assert verify_manifest(d) and 'latin1.py' in (d / 'rejected.csv').read_text()
+    assert _hashes(d) == before and verify_manifest(d)                     # every file, the reports included, and nothing added
+    failed, msg = tmp_path / 'data.failed', str(e.value)
+    assert str(failed / 'rejected.csv') in msg and str(failed / 'filter_report.csv') in msg and f'{d} keeps the corpus prepared there before' in msg
+    assert str(d / 'rejected.csv') not in msg
+    assert 'latin1.py' in (failed / 'rejected.csv').read_text() and 'latin1.py' not in (d / 'rejected.csv').read_text()
+    assert (failed / 'filter_report.csv').read_text().splitlines()[0] == 'source,stage,docs_in,docs_out,bytes_in,bytes_out,rejected'
 
 
 def test_train_cli_exits_2_on_a_corpus_that_all_fails(tmp_path):
@@ -277,7 +292,7 @@ def test_load_records_gives_each_split_with_its_parts(prepared_data):
 
 
 def test_explain_records_are_deterministic_split_and_not_in_the_corpus(prepared_data):
-    from fsi_nb.sources import explain_records, explain_tasks
+    from fsi_nb.tasks import explain_records, explain_tasks
     tr, va = explain_records('train', n=600, seed=5), explain_records('val', n=600, seed=5)
     assert tr == explain_records('train', n=600, seed=5) and len(tr) + len(va) == 600 and 0 < len(va) < 90
     assert not {(r['lang'], r['entry_point']) for r in tr} & {(r['lang'], r['entry_point']) for r in va}

@@ -9,8 +9,9 @@ from fsi_nb.config import FSIEdgeConfig
 from fsi_nb.evaluate import category_metrics, fim_exact_match, fim_examples, token_byte_lengths
 from fsi_nb.humaneval import check_harness, load_problems, outcome, pass_at_k, pass_at_ks, run_samples, truncate_at_stops
 from fsi_nb.model import FSIEdgeModel
-from fsi_nb.shards import write_shards
-from fsi_nb.sources import Doc
+from fsi_nb.shards import stream_shards
+from fsi_nb.stream import Spool
+from fsi_nb.tasks import Doc
 from fsi_nb.tokenizer import SPECIAL_TOKENS, load_tokenizer, structure_tables, train_tokenizer
 
 
@@ -87,7 +88,10 @@ def hand_corpus(tmp_path_factory):
     docs = [Doc(id=f'{cat}:{i}', source='hand', lang={'code': 'python', 'nlp': 'english', 'reasoning': 'reasoning'}[cat], text=t)
             for cat, ts in TEXTS.items() for i, t in enumerate(ts)]
     train_tokenizer([d.text for d in docs] * 20 + ['def f(x):\n    return x\n'] * 20, out/'tokenizer', vocab_size=400)
-    write_shards(docs, {d.id: 'val' for d in docs}, out/'tokenizer', out, progress=False)
+    spool = Spool(tmp_path_factory.mktemp('hand-spool'))
+    for d in docs: spool.add(d)
+    spool.close()
+    stream_shards(spool, lambda doc_id: 'val', out/'tokenizer', out, workers=1, progress=False)
     return out
 
 def tiny_model(vocab:int, seed:int=0) -> FSIEdgeModel:

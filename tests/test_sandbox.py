@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import fsi_nb.sandbox as sandbox
-from fsi_nb.sources import coldstart_tasks, run_tests
+from fsi_nb.tasks import coldstart_tasks, run_tests
 from fsi_nb.sandbox import (SANDBOX_UID_BASE, TAG, TAIL_BYTES, UNSAFE_ENV, SandboxUnavailable, check_record, isolation_mode, probe,
                             run_code, run_many)
 

@@ -1,5 +1,5 @@
-"""The streaming prepare (fsi_nb.stream behind fsi_nb.data.prepare) on real corpora: the same shards and manifest, byte for byte,
-as the in-memory pipeline (filter_documents, split_documents, write_shards) on the built-in sources; your own corpora as JSONL,
+"""The streaming prepare (fsi_nb.data.prepare over fsi_nb.stream, filters, shards) on real corpora: the same shards and manifest,
+byte for byte, as its pieces run by hand on the built-in sources, with other workers and memory bound; your own corpora as JSONL,
 Parquet, a folder of real files and a saved Hugging Face dataset, with their bad records rejected at read; results independent of
 workers and of the memory bound; the tokenizer's sample; and the errors that stop a wrong source before any work."""
 import json, os, shutil, subprocess, sys, sysconfig
@@ -9,34 +9,35 @@ import numpy as np
 import pytest
 
 from fsi_nb.data import prepare
-from fsi_nb.filters import filter_documents
+from fsi_nb.filters import stream_filter
 from fsi_nb.sandbox import run_code
-from fsi_nb.shards import manifest_sha256, split_documents, verify_manifest, write_shards
-from fsi_nb.sources import collect_sources
-from fsi_nb.stream import ordered_map
+from fsi_nb.shards import SplitTracker, manifest_sha256, stream_shards, verify_manifest
+from fsi_nb.sources import iter_sources
+from fsi_nb.stream import Spool, ordered_map
 from fsi_nb.tokenizer import load_tokenizer, train_tokenizer
 
 STDLIB = Path(sysconfig.get_paths()['stdlib'])
 
 
-def test_streaming_prepare_writes_what_the_in_memory_pipeline_writes(tmp_path):
-    "The built-in sources (real stdlib files, generated code, cold-start tasks) through both pipelines: same manifest bytes."
+def test_prepare_writes_what_its_pieces_write(tmp_path):
+    "The built-in sources (real stdlib files, generated code, cold-start tasks) through prepare (2 workers, a 1 MB buffer) and through its pieces by hand (1 worker): same rejections, same manifest bytes."
     kw = dict(sources=('stdlib', 'synthetic', 'coldstart'), max_files=40, num_synthetic=300, num_coldstart=100, seed=1337)
     run_code('pass')          # this process keeps a free sandbox uid when prepare's workers fork: they must not share it (a CI failure)
     rep = prepare(tmp_path / 'stream', vocab_size=2000, workers=2, max_buffer_mb=1, shard_tokens=20_000, progress=False, **kw)
-    # the in-memory pipeline, as prepare ran it before streaming: everything in lists
-    docs, _ = collect_sources(kw['sources'], kw['max_files'], False, kw['num_synthetic'], kw['num_coldstart'], kw['seed'])
-    kept, rows = filter_documents(docs, workers=1, progress=False)
-    split = split_documents(kept, 0.02)
-    ref = tmp_path / 'memory'
-    train_tokenizer([d.text for d in kept if split[d.id] == 'train'], ref / 'tokenizer', 2000)
+    # the same passes by hand: filter into a spool, split, tokenizer on the training documents, shards
+    ref = tmp_path / 'pieces'
+    spool, split = Spool(ref / 'spool'), SplitTracker(0.02)
+    cands = iter_sources(kw['sources'], kw['max_files'], False, kw['num_synthetic'], kw['num_coldstart'], kw['seed'])
+    counts = stream_filter(cands, lambda d: (spool.add(d), split.add(d)), workers=1, progress=False)
+    spool.close()
+    train_tokenizer((d.text for d in spool.docs(lambda m: split(m['id']) == 'train')), ref / 'tokenizer', 2000)
     params = json.loads((tmp_path / 'stream' / 'manifest.json').read_text())['prepare']
-    write_shards(kept, split, ref / 'tokenizer', ref, 20_000, progress=False, meta=params)
-    assert [(r['id'], r['stage'], r['reason']) for r in rep['rejected']] == [(r['id'], r['stage'], r['reason']) for r in rows if r['stage']]   # why, if they differ
+    stream_shards(spool, split, ref / 'tokenizer', ref, 20_000, workers=1, progress=False, meta=params)
+    assert [(r['id'], r['stage'], r['reason']) for r in rep['rejected']] == [(r['id'], r['stage'], r['reason']) for r in counts.rejected]   # why, if they differ
     assert (ref / 'manifest.json').read_bytes() == (tmp_path / 'stream' / 'manifest.json').read_bytes()
     m = verify_manifest(tmp_path / 'stream')
     assert len(m['shards']) > 6 and {s['category'] for s in m['shards']} == {'code', 'reasoning'}       # several shards per stream: the cut matters
-    assert rep['n_docs']['train'] + rep['n_docs']['val'] == len(kept)
+    assert rep['n_docs']['train'] + rep['n_docs']['val'] == spool.n == counts.kept
     assert set(params) == {'sources', 'max_files', 'vocab_size', 'seed', 'extra_code', 'num_synthetic', 'num_coldstart', 'val_fraction',
                            'max_file_bytes', 'near_dup_threshold', 'shard_tokens'}                       # defaults of the new knobs are not recorded
     assert not (tmp_path / 'stream' / '.prepare-spool').exists()

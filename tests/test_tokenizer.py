@@ -5,7 +5,8 @@ import json, shutil
 import pytest
 import torch
 
-from fsi_nb.sources import fetch_shakespeare, read_text_file, stdlib_files, synthetic_code
+from fsi_nb.sources import fetch_shakespeare, read_text_file, stdlib_files
+from fsi_nb.tasks import synthetic_code
 from fsi_nb.shards import verify_manifest
 from fsi_nb.tokenizer import SPECIAL_TOKENS, load_tokenizer, structure_tables, token_text, tokenizer_sha256, train_tokenizer
 
