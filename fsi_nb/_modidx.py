@@ -497,6 +497,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'fsi_nb.runs._check_types': ('runs.html#_check_types', 'fsi_nb/runs.py'),
                              'fsi_nb.runs._names': ('runs.html#_names', 'fsi_nb/runs.py'),
                              'fsi_nb.runs._refuse_cpu_for_gpu_preset': ('runs.html#_refuse_cpu_for_gpu_preset', 'fsi_nb/runs.py'),
+                             'fsi_nb.runs._refuse_missing_start': ('runs.html#_refuse_missing_start', 'fsi_nb/runs.py'),
                              'fsi_nb.runs._run_settings': ('runs.html#_run_settings', 'fsi_nb/runs.py'),
                              'fsi_nb.runs._stage_configs': ('runs.html#_stage_configs', 'fsi_nb/runs.py'),
                              'fsi_nb.runs.autocast_context': ('runs.html#autocast_context', 'fsi_nb/runs.py'),

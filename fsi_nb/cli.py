@@ -35,7 +35,8 @@ def train_parser() -> argparse.ArgumentParser:
     ap.add_argument('--run-name', help='folder under runs_dir (default: the preset name)')
     ap.add_argument('--stage', help='the stage this run trains (default stage1): stage1, stage1b, stage2, ... (fsi_nb.config.STAGES)')
     ap.add_argument('--stages', help='a pipeline: comma separated stages, each its own run under --run-name, e.g. stage1,stage1b,stage2')
-    ap.add_argument('--init-from', help="a run folder or checkpoint whose final weights start this run (fresh optimizer)")
+    ap.add_argument('--init-from', help="a run folder or checkpoint whose final weights start this run (fresh optimizer); 'scratch': "
+                    "random weights, for a stage that would start from an earlier one's")
     ap.add_argument('--arch', choices=('hybrid', 'dense'), help="'dense': the baseline, every head plain causal attention (default hybrid)")
     ap.add_argument('--max-steps', type=int, dest='max_steps', help='optimizer steps; with --stages: the pretraining stage trains this many '
                     'and every other stage at most this many (its own number when smaller, epoch-based stages included)')

@@ -16,10 +16,10 @@ from .sizing import cpu_has_fast_bf16   # one rule for the trainer and the calcu
 from .checkpoint import CheckpointError, write_atomic, disk_error, list_checkpoints
 
 # %% auto #0
-__all__ = ['resolve_device', 'resolve_precision', 'autocast_context', 'tune_cpu_allocator', 'cpu_busy_seconds', 'threads_for',
-           'CPUShare', 'NeedsGPUError', 'RunSpec', 'objective_setting_names', 'split_overrides', 'resolve_run',
-           'warn_short_warmup', 'RunFolderError', 'check_writable', 'git_commit', 'to_json', 'json_safe', 'write_json',
-           'read_json', 'is_smoke_run', 'truncate_log']
+__all__ = ['SCRATCH', 'resolve_device', 'resolve_precision', 'autocast_context', 'tune_cpu_allocator', 'cpu_busy_seconds',
+           'threads_for', 'CPUShare', 'NeedsGPUError', 'RunSpec', 'objective_setting_names', 'split_overrides',
+           'resolve_run', 'warn_short_warmup', 'RunFolderError', 'check_writable', 'git_commit', 'to_json', 'json_safe',
+           'write_json', 'read_json', 'is_smoke_run', 'truncate_log']
 
 # %% ../nbs/08b_runs.ipynb #5f3410a2
 def resolve_device(device:str='auto' # 'auto', 'cpu', 'cuda' or 'cuda:N'
@@ -216,6 +216,7 @@ def resolve_run(preset:str='tiny',      # a name in `fsi_nb.config.PRESETS`
         raise ValueError(f"seq_len={t.seq_len} (curriculum {t.seq_curriculum}) is longer than the model's max_seq_len="
                          f"{m.max_seq_len}. Fix: lower seq_len or raise max_seq_len.")
     _refuse_cpu_for_gpu_preset(p, t, smoke)
+    if not smoke: _refuse_missing_start(stage, t)
     device = resolve_device(t.device)
     t = replace(t, precision=resolve_precision(t.precision, device))
     name = run_name or (f'{preset}-smoke' if smoke else preset)
@@ -230,6 +231,15 @@ def _refuse_cpu_for_gpu_preset(p:Preset, t:TrainConfig, smoke:bool):
             f"run would train on the CPU (device={t.device!r}, torch.cuda.is_available() is {torch.cuda.is_available()}). Fix: smoke-test "
             f"its architecture on the CPU first with smoke=True (papermill: -p smoke True; CLI: --smoke), then run it on a "
             f"GPU machine; or train a CPU preset: tiny, small or med.")
+
+SCRATCH = 'scratch'   # init_from for a later stage trained from random weights on purpose
+
+def _refuse_missing_start(stage:Stage, t:TrainConfig):
+    "A stage that starts from an earlier one's weights needs them (or `init_from='scratch'`, on purpose)."
+    if stage.starts_from and not t.init_from:
+        raise ValueError(f"{stage.name} ({stage.objective}) starts from {stage.starts_from}'s final weights, and no init_from is given: "
+                         f"it would train from random weights. Fix: chain it (--stages {stage.starts_from},{stage.name}), or --init-from RUN "
+                         f"(a run folder or checkpoint), or --init-from {SCRATCH} to train it from random weights on purpose.")
 
 def warn_short_warmup(t:TrainConfig):
     "Warn when the warmup is as long as the run (called once the run's steps are known: epochs, caps)."

@@ -84,14 +84,16 @@ def run_pipeline(stages,                     # 'stage1,stage1b,...' or a list (`
                 ) -> PipelineResult:
     "Train `stages` in order, each its own run under `runs_dir/name/`, each from the previous one's final weights."
     stages = parse_stages(stages)
+    overrides = {k: v for k, v in overrides.items() if v is not None}   # None keeps the stage's value (the CLI's unset options)
     common, per = _split_overrides(stages, overrides)
     plan = stage_overrides(stages, common, per)
     s = settings or load_settings()
     name = name or (f'{preset}-pipeline-smoke' if smoke else f'{preset}-pipeline')
     steps = {st: _stage_steps(st, max_steps, plan[st]) for st in stages}
-    for st in stages:   # every stage's settings resolve before the first one trains
-        resolve_run(preset, f'{name}/{st}', smoke=smoke, settings=s, **(plan[st] | steps[st] | dict(stage=st, max_steps_cap=None)))
     pdir = Path(common.get('runs_dir', s.runs_dir))/name
+    starts = dict(zip(stages, [init_from] + [str(pdir/st) for st in stages[:-1]]))   # each stage from the one before it
+    for st in stages:   # every stage's settings resolve before the first one trains
+        resolve_run(preset, f'{name}/{st}', smoke=smoke, settings=s, **(plan[st] | steps[st] | dict(stage=st, init_from=starts[st], max_steps_cap=None)))
     pdir.mkdir(parents=True, exist_ok=True)
     write_json(pdir/'pipeline.json', dict(preset=preset, stages=stages, smoke=smoke, init_from=init_from, max_steps=max_steps,
                                          overrides={k: str(v) for k, v in overrides.items()}, started=time.time()))

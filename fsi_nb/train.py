@@ -19,7 +19,7 @@ from .shards import verify_manifest, manifest_sha256
 from .model import FSIEdgeModel, unwrap
 from .checkpoint import (CheckpointError, checkpoint_path, save_checkpoint, load_checkpoint, latest_valid_checkpoint,
                                list_checkpoints, final_checkpoint, rng_state, set_rng_state, seed_everything, rank_seed)
-from .runs import (RunSpec, resolve_run, warn_short_warmup, autocast_context, tune_cpu_allocator, check_writable, is_smoke_run, CPUShare,
+from .runs import (RunSpec, SCRATCH, resolve_run, warn_short_warmup, autocast_context, tune_cpu_allocator, check_writable, is_smoke_run, CPUShare,
                          truncate_log, write_json, read_json, json_safe, git_commit, to_json)
 from .objectives import make_objective, GRPO, DPO
 from .distributed import (Ranks, init_ranks, wrap_model, grad_sync, clip_grad_norm,
@@ -335,7 +335,7 @@ def _objective_and_model(spec:RunSpec, ranks:Ranks, tok_sha:str, cap) -> tuple:
         raise ValueError(f"{spec.stage.name} samples from the model, which the ranks of a sharded (FSDP2) MoE model cannot do apart. "
                          "Fix: train this stage on one process (nproc=1), or a dense model.")
     model = build_model(spec, data_dir)
-    init = load_init_weights(model, spec.train.init_from, tok_sha) if spec.train.init_from else None
+    init = load_init_weights(model, spec.train.init_from, tok_sha) if spec.train.init_from not in ('', SCRATCH) else None
     objective.setup(model)                        # from the starting weights (reference models, DPO pairs)
     if (n := objective.steps()) is not None: spec.train = replace(spec.train, max_steps=cap(max(n, 1)))   # epochs -> steps (DPO: once its pairs exist)
     if not spec.smoke and ranks.main: warn_short_warmup(spec.train)

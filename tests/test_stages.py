@@ -70,7 +70,7 @@ def test_sft_stage_trains_on_the_reply_only(prepared_data, tmp_path):
     from fsi_nb.runs import resolve_run
     from fsi_nb.objectives import make_objective, encode_example
     from fsi_nb.tokenizer import load_tokenizer
-    spec = resolve_run('tiny', 'x', stage='stage2', data_dir=prepared_data, runs_dir=tmp_path)
+    spec = resolve_run('tiny', 'x', stage='stage2', init_from='scratch', data_dir=prepared_data, runs_dir=tmp_path)
     obj = make_objective(spec, prepared_data)
     x, y = obj.rows['train']
     assert len(x) > 0 and obj.steps() > 0
@@ -104,7 +104,7 @@ def test_grpo_reference_model_never_changes(prepared_data, tmp_path):
     from fsi_nb.runs import resolve_run
     from fsi_nb.objectives import make_objective
     from fsi_nb.train import build_model, make_optimizer, train_step
-    spec = resolve_run('tiny', 'g', stage='stage3', data_dir=prepared_data, runs_dir=tmp_path, d_model=32, batch_size=2,
+    spec = resolve_run('tiny', 'g', stage='stage3', init_from='scratch', data_dir=prepared_data, runs_dir=tmp_path, d_model=32, batch_size=2,
                        group_size=4, max_new_tokens=8, kl_coef=0.1, lr=1e-2, precision='fp32', threads=1)
     obj, model = make_objective(spec, prepared_data), build_model(spec, prepared_data)
     obj.setup(model)
@@ -120,7 +120,7 @@ def test_grpo_reference_model_never_changes(prepared_data, tmp_path):
 def test_dpo_epochs_set_the_steps_from_its_pairs(prepared_data, tmp_path):
     "DPO's pairs exist only after sampling; `epochs` must turn into steps from them, not fall back to the preset's max_steps."
     from fsi_nb.train import train
-    r = train('tiny', 'd', progress=False, stage='stage4', data_dir=prepared_data, runs_dir=tmp_path, d_model=32, batch_size=2,
+    r = train('tiny', 'd', progress=False, stage='stage4', init_from='scratch', data_dir=prepared_data, runs_dir=tmp_path, d_model=32, batch_size=2,
               grad_accum=1, group_size=2, max_new_tokens=8, num_prompts=6, epochs=1.0, eval_batches=1, threads=1)
     pairs = json.loads((tmp_path/'d'/'config.json').read_text())
     assert r.stopped == 'finished' and 1 <= r.total_steps <= 3, r.total_steps     # ceil(pairs / 2), at most 6 pairs
@@ -137,7 +137,7 @@ def test_a_new_stage_is_one_row(prepared_data, tmp_path, monkeypatch):
     monkeypatch.setitem(STAGES, 'stage2x', row)
     small = dict(data_dir=prepared_data, runs_dir=tmp_path, d_model=32, batch_size=2, seq_len=64, warmup_steps=1, log_interval=1,
                  eval_batches=1, threads=1)
-    spec = resolve_run('tiny', 'x', stage='stage2x', **small)
+    spec = resolve_run('tiny', 'x', stage='stage2x', init_from='scratch', **small)
     assert (spec.stage, spec.objective.kinds, spec.objective.epochs, spec.train.lr) == (row, ('explain',), 1.0, 1e-3)
     assert {r['kind'] for r in make_objective(spec, prepared_data).records('train')} == {'explain'}
     res = run_pipeline('stage1,stage2x', name='new', progress=False, max_steps=3, **small)
