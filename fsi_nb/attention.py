@@ -169,45 +169,51 @@ class HybridAttention(nn.Module):
         rep = cfg.n_heads // cfg.kv_heads   # the kv heads each kind reads (kinds may share one)
         self.kv_range = {n: (lo // rep, -(-hi // rep)) if hi > lo else (0, 0) for n, (lo, hi) in self.head_range.items()}
 
-    def _qkv(self, x, cos, sin):
-        "q (B, n_heads, T, D), k and v (B, kv_heads, T, D): one matmul, one RMSNorm for q and k, one RoPE."
-        B, T, _ = x.shape
-        H, KV, D = self.n_heads, self.kv_heads, self.head_dim
-        # wq, wk and wv stay three parameters (the checkpoint's keys); their rows side by side make one matmul
-        qkv = F.linear(x, torch.cat([self.wq.weight, self.wk.weight, self.wv.weight])).view(B, T, H + 2 * KV, D)
-        # q's and k's QK-Norm as one: the shared normalisation (RMSNorm's own math, fp32), then each head's gain
-        gain = torch.cat([self.q_norm.weight.expand(H, D), self.k_norm.weight.expand(KV, D)])
-        qk, v = qkv.split([H + KV, KV], 2)   # split, not slices: its backward is one cat, a slice's a zero-filled copy each
-        qk = (F.rms_norm(qk.float(), (D,), None, self.q_norm.eps) * gain.float())
-        qk = apply_rope(qk.to(torch.promote_types(qkv.dtype, gain.dtype)).transpose(1, 2), cos, sin)  # (B, H+KV, T, D)
-        q, k = qk.split([H, KV], 1)
-        return q, k, v.transpose(1, 2)
+# %% ../nbs/06_attention.ipynb #4c33d06c
+@patch
+def _qkv(self:HybridAttention, x, cos, sin):
+    "q (B, n_heads, T, D), k and v (B, kv_heads, T, D): one matmul, one RMSNorm for q and k, one RoPE."
+    B, T, _ = x.shape
+    H, KV, D = self.n_heads, self.kv_heads, self.head_dim
+    # wq, wk and wv stay three parameters (the checkpoint's keys); their rows side by side make one matmul
+    qkv = F.linear(x, torch.cat([self.wq.weight, self.wk.weight, self.wv.weight])).view(B, T, H + 2 * KV, D)
+    # q's and k's QK-Norm as one: the shared normalisation (RMSNorm's own math, fp32), then each head's gain
+    gain = torch.cat([self.q_norm.weight.expand(H, D), self.k_norm.weight.expand(KV, D)])
+    qk, v = qkv.split([H + KV, KV], 2)   # split, not slices: its backward is one cat, a slice's a zero-filled copy each
+    qk = (F.rms_norm(qk.float(), (D,), None, self.q_norm.eps) * gain.float())
+    qk = apply_rope(qk.to(torch.promote_types(qkv.dtype, gain.dtype)).transpose(1, 2), cos, sin)  # (B, H+KV, T, D)
+    q, k = qk.split([H, KV], 1)
+    return q, k, v.transpose(1, 2)
 
-    def _all_heads(self, x): # (B, kv_heads, T, D) -> (B, n_heads, T, D)
-        "The keys or values each query head reads (query head h: kv head h // (n_heads // kv_heads)), one copy."
-        B, KV, T, D = x.shape
-        return x[:, :, None].expand(B, KV, self.n_heads // KV, T, D).reshape(B, self.n_heads, T, D)
+# %% ../nbs/06_attention.ipynb #103a25ca
+@patch
+def _all_heads(self:HybridAttention, x): # (B, kv_heads, T, D) -> (B, n_heads, T, D)
+    "The keys or values each query head reads (query head h: kv head h // (n_heads // kv_heads)), one copy."
+    B, KV, T, D = x.shape
+    return x[:, :, None].expand(B, KV, self.n_heads // KV, T, D).reshape(B, self.n_heads, T, D)
 
-    def forward(self, x, # (B, T, d_model)
-                depth, anchor, # (B, T) from `token_structure`
-                rope, # (cos, sin), each (T, head_dim/2)
-                state:AttentionState|None=None, # a fresh state to leave the sequence's generation state in (prefill)
-                anchors:tuple|None=None, # `anchor_keys(depth, anchor, struct_lines)`: the model makes it once for all layers
-               ) -> torch.Tensor:
-        "The parallel (training) form; with `state`, also a prompt prefill for generation."
-        B, T, _ = x.shape
-        q, k, v = self._qkv(x, *rope)
-        if state is not None: self._fill_state(k, v, depth, anchor, state)
-        # every query head's kv head in one expand (GQA), then each of q, k, v cut into the kinds by one split: its
-        # backward is one cat, where a slice per kind costs a zero-filled copy and an add each
-        sizes = [hi - lo for lo, hi in self.head_range.values()]
-        (ql, qs, qg), (kl, ks, kg), (vl, vs, vg) = (x.split(sizes, 1) for x in (q, self._all_heads(k), self._all_heads(v)))
-        out = []
-        if self.local_heads: out.append(local_attention(ql, kl, vl, self.window_size))
-        if self.struct_heads: out.append(struct_attention(qs, ks, vs, depth, anchor, self.struct_bias, self.struct_lines, anchors))
-        if self.global_heads:
-            out.append(helix_attention(qg, kg, vg, self.window_size) if state is None else state.helix.prefill(qg, kg, vg))
-        return self.wo(torch.cat(out, 1).transpose(1, 2).reshape(B, T, -1))
+# %% ../nbs/06_attention.ipynb #32c1344a
+@patch
+def forward(self:HybridAttention, x, # (B, T, d_model)
+            depth, anchor, # (B, T) from `token_structure`
+            rope, # (cos, sin), each (T, head_dim/2)
+            state:AttentionState|None=None, # a fresh state to leave the sequence's generation state in (prefill)
+            anchors:tuple|None=None, # `anchor_keys(depth, anchor, struct_lines)`: the model makes it once for all layers
+           ) -> torch.Tensor:
+    "The parallel (training) form; with `state`, also a prompt prefill for generation."
+    B, T, _ = x.shape
+    q, k, v = self._qkv(x, *rope)
+    if state is not None: self._fill_state(k, v, depth, anchor, state)
+    # every query head's kv head in one expand (GQA), then each of q, k, v cut into the kinds by one split: its
+    # backward is one cat, where a slice per kind costs a zero-filled copy and an add each
+    sizes = [hi - lo for lo, hi in self.head_range.values()]
+    (ql, qs, qg), (kl, ks, kg), (vl, vs, vg) = (x.split(sizes, 1) for x in (q, self._all_heads(k), self._all_heads(v)))
+    out = []
+    if self.local_heads: out.append(local_attention(ql, kl, vl, self.window_size))
+    if self.struct_heads: out.append(struct_attention(qs, ks, vs, depth, anchor, self.struct_bias, self.struct_lines, anchors))
+    if self.global_heads:
+        out.append(helix_attention(qg, kg, vg, self.window_size) if state is None else state.helix.prefill(qg, kg, vg))
+    return self.wo(torch.cat(out, 1).transpose(1, 2).reshape(B, T, -1))
 
 # %% ../nbs/06_attention.ipynb #7aa8b245
 @patch

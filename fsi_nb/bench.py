@@ -24,7 +24,7 @@ __all__ = ['MOE_TARGET_SHAPE', 'TABLES', 'median_times', 'median_time', 'matmul_
            'DenseDecoder', 'dense_flops_per_token', 'FixedBatch', 'train_step', 'step_throughputs', 'step_throughput',
            'cpu_moe_config', 'active_d_ff', 'preset_row', 'step_rows', 'default_loss', 'bench_step', 'bench_options',
            'bench_helix', 'moe_shapes', 'bench_moe', 'bench_loop', 'OpCounter', 'ops_per_step', 'ops_rows', 'bench_ops',
-           'gpu_rows', 'datasheet_peak', 'bench_device', 'default_tables', 'run_bench', 'format_report', 'summary',
+           'gpu_rows', 'datasheet_peak', 'bench_device', 'default_tables', 'run_bench', 'summary', 'format_report',
            'main']
 
 # %% ../nbs/12_bench.ipynb #761d6c1f
@@ -439,27 +439,7 @@ def run_bench(quick:bool=False, # small shapes and few repetitions (a test's < 6
     res['meta']['seconds'] = time.perf_counter() - t0
     return res
 
-# %% ../nbs/12_bench.ipynb #cc6c5f5e
-_TITLES = dict(step='Training step (forward + backward + AdamW), eager: hybrid FSIEdgeModel vs dense baseline (target ratio >= 0.8)',
-               options='Step options (hybrid and dense): compile, loss, precision',
-               helix='Helix parallel vs per-token loop, forward (targets: >= 10x at 512, >= 25x at 2048; flat us/token = linear)',
-               moe=f'MoE layer forward+backward vs dense SwiGLU of the same active size (target ratio >= 0.6 at the {MOE_TARGET_SHAPE})',
-               loop='fsi_nb.train loop overhead as a share of step time (target <= 5%)',
-               ops='Operators per bf16 training step that do work (on a GPU, at least one kernel launch each): hybrid vs dense',
-               gpu='GPU presets, bf16 training step at each preset\'s micro-batch and sequence (each model alone; MFU against the measured ceiling and the datasheet; memory measured vs fsi_nb.sizing)')
-
-def format_report(res:dict) -> str:
-    "The benchmark's tables as text."
-    m, c = res['meta'], res['ceiling']
-    lines = [f"fsi_nb.bench{' --quick (small shapes: not figures to quote)' if m['quick'] else ''}: torch {m['torch']}, {m['cpu']}, {m['threads']} threads",
-             f"Matmul ceiling (measured now, best square matmul, {c['threads']} threads): fp32 {c['fp32_gflops']:.1f} GFLOP/s "
-             f"(n={c['fp32_n']}), bf16 {c['bf16_gflops']:.1f} GFLOP/s (n={c['bf16_n']}) -- MFU below is against these, by precision"]
-    if 'gpu_ceiling' in res: lines += [f"GPU: {m['gpu']}, bf16 matmul ceiling {res['gpu_ceiling']['bf16_gflops'] / 1e3:.0f} TFLOP/s "
-                                        f"(n={res['gpu_ceiling']['bf16_n']}), fp32 {res['gpu_ceiling']['fp32_gflops'] / 1e3:.0f} TFLOP/s"]
-    for t in TABLES:
-        if t in res: lines += ['', _TITLES[t], pd.DataFrame(res[t]).to_string(index=False, float_format=lambda v: f'{v:.4g}')]
-    return '\n'.join(lines + ['', 'Targets', summary(res)])
-
+# %% ../nbs/12_bench.ipynb #4ede46f3
 def summary(res:dict) -> str:
     "One line per target: the measured figures and whether each meets it."
     ok = lambda good: 'met' if good else 'MISSED'
@@ -488,6 +468,27 @@ def summary(res:dict) -> str:
                       f"peak {r['peak_memory_gb']:.1f} GB (sizing predicts {r['predicted_memory_gb']:.1f})"]
     if 'loop' in res: lines += ['train loop overhead (target <= 5%): ' + ', '.join(f"{r['preset']} {r['overhead']:.1%} {ok(r['overhead'] <= 0.05)}" for r in res['loop'])]
     return '\n'.join(lines)
+
+# %% ../nbs/12_bench.ipynb #cc6c5f5e
+_TITLES = dict(step='Training step (forward + backward + AdamW), eager: hybrid FSIEdgeModel vs dense baseline (target ratio >= 0.8)',
+               options='Step options (hybrid and dense): compile, loss, precision',
+               helix='Helix parallel vs per-token loop, forward (targets: >= 10x at 512, >= 25x at 2048; flat us/token = linear)',
+               moe=f'MoE layer forward+backward vs dense SwiGLU of the same active size (target ratio >= 0.6 at the {MOE_TARGET_SHAPE})',
+               loop='fsi_nb.train loop overhead as a share of step time (target <= 5%)',
+               ops='Operators per bf16 training step that do work (on a GPU, at least one kernel launch each): hybrid vs dense',
+               gpu='GPU presets, bf16 training step at each preset\'s micro-batch and sequence (each model alone; MFU against the measured ceiling and the datasheet; memory measured vs fsi_nb.sizing)')
+
+def format_report(res:dict) -> str:
+    "The benchmark's tables as text."
+    m, c = res['meta'], res['ceiling']
+    lines = [f"fsi_nb.bench{' --quick (small shapes: not figures to quote)' if m['quick'] else ''}: torch {m['torch']}, {m['cpu']}, {m['threads']} threads",
+             f"Matmul ceiling (measured now, best square matmul, {c['threads']} threads): fp32 {c['fp32_gflops']:.1f} GFLOP/s "
+             f"(n={c['fp32_n']}), bf16 {c['bf16_gflops']:.1f} GFLOP/s (n={c['bf16_n']}) -- MFU below is against these, by precision"]
+    if 'gpu_ceiling' in res: lines += [f"GPU: {m['gpu']}, bf16 matmul ceiling {res['gpu_ceiling']['bf16_gflops'] / 1e3:.0f} TFLOP/s "
+                                        f"(n={res['gpu_ceiling']['bf16_n']}), fp32 {res['gpu_ceiling']['fp32_gflops'] / 1e3:.0f} TFLOP/s"]
+    for t in TABLES:
+        if t in res: lines += ['', _TITLES[t], pd.DataFrame(res[t]).to_string(index=False, float_format=lambda v: f'{v:.4g}')]
+    return '\n'.join(lines + ['', 'Targets', summary(res)])
 
 # %% ../nbs/12_bench.ipynb #6eb48ac5
 def main(argv=None):

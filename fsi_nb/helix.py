@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import torch
 import torch.nn.functional as F
+from fastcore.basics import patch
 from .layers import masked_attention, shape_constant
 
 # %% auto #0
@@ -185,52 +186,62 @@ class HelixCache:
         self.ring_pos = torch.arange(window_size, device=device)
         self.cluster_bias = torch.arange(self.levels, device=device, dtype=torch.float64) * math.log(2)
 
-    def reset(self):
-        "Forget everything: the next token is position 0."
-        for x in (self.ring, self.slots, self.active, self.pos): x.zero_()
+# %% ../nbs/05_helix.ipynb #77499862
+@patch
+def _push(self:HelixCache, t, leaving):
+    "Carry the token leaving the window (position t - W) into the cluster slots, if t >= W."
+    W = self.window_size
+    carries = [leaving]                                               # carry at level j: slots 0..j-1 merged in
+    for j in range(self.levels - 1): carries.append((self.slots[:, :, :, j] + carries[-1]) / 2)
+    n = (t - W).clamp(min=0)                                          # tokens in the slots before the push
+    place = ((~n & (n + 1)) == self.bits) & (t >= W)                  # the lowest empty level takes the carry
+    self.slots.copy_(torch.where(place[:, None], torch.stack(carries, 3), self.slots))
+    self.active.copy_((n + (t >= W).long()) & self.bits != 0)
 
-    def nbytes(self) -> int:
-        "Size of the state in bytes (constant: nothing grows with the context)."
-        return sum(x.numel() * x.element_size() for x in (self.ring, self.slots, self.active, self.pos))
+# %% ../nbs/05_helix.ipynb #a48e9ae9
+@patch
+def step(self:HelixCache, q:torch.Tensor, # (B, H, 1, D) query of the new token
+         k:torch.Tensor, v:torch.Tensor # (B, H, 1, D) its key and value
+        ) -> torch.Tensor: # (B, H, 1, D)
+    "Attend from the next token over the window and the active clusters, then advance."
+    t, W = self.pos, self.window_size
+    slot = (t % W).view(1)
+    self._push(t, self.ring.index_select(3, slot).squeeze(3))
+    self.ring.index_copy_(3, slot, torch.stack([k, v]).to(self.ring.dtype))
+    mask = torch.cat([torch.where(self.ring_pos <= t, 0.0, -math.inf).to(q.dtype),
+                      torch.where(self.active, self.cluster_bias, -math.inf).to(q.dtype)])
+    keys, values = torch.cat([self.ring, self.slots], 3).to(q.dtype).unbind(0)
+    self.pos.add_(1)
+    return masked_attention(q, keys, values, mask.view(1, 1, 1, -1))
 
-    def _push(self, t, leaving):
-        "Carry the token leaving the window (position t - W) into the cluster slots, if t >= W."
-        W = self.window_size
-        carries = [leaving]                                               # carry at level j: slots 0..j-1 merged in
-        for j in range(self.levels - 1): carries.append((self.slots[:, :, :, j] + carries[-1]) / 2)
-        n = (t - W).clamp(min=0)                                          # tokens in the slots before the push
-        place = ((~n & (n + 1)) == self.bits) & (t >= W)                  # the lowest empty level takes the carry
-        self.slots.copy_(torch.where(place[:, None], torch.stack(carries, 3), self.slots))
-        self.active.copy_((n + (t >= W).long()) & self.bits != 0)
+# %% ../nbs/05_helix.ipynb #2739d5f0
+@patch
+def reset(self:HelixCache):
+    "Forget everything: the next token is position 0."
+    for x in (self.ring, self.slots, self.active, self.pos): x.zero_()
 
-    def step(self, q:torch.Tensor, # (B, H, 1, D) query of the new token
-             k:torch.Tensor, v:torch.Tensor # (B, H, 1, D) its key and value
-            ) -> torch.Tensor: # (B, H, 1, D)
-        "Attend from the next token over the window and the active clusters, then advance."
-        t, W = self.pos, self.window_size
-        slot = (t % W).view(1)
-        self._push(t, self.ring.index_select(3, slot).squeeze(3))
-        self.ring.index_copy_(3, slot, torch.stack([k, v]).to(self.ring.dtype))
-        mask = torch.cat([torch.where(self.ring_pos <= t, 0.0, -math.inf).to(q.dtype),
-                          torch.where(self.active, self.cluster_bias, -math.inf).to(q.dtype)])
-        keys, values = torch.cat([self.ring, self.slots], 3).to(q.dtype).unbind(0)
-        self.pos.add_(1)
-        return masked_attention(q, keys, values, mask.view(1, 1, 1, -1))
+# %% ../nbs/05_helix.ipynb #8e9ec79f
+@patch
+def nbytes(self:HelixCache) -> int:
+    "Size of the state in bytes (constant: nothing grows with the context)."
+    return sum(x.numel() * x.element_size() for x in (self.ring, self.slots, self.active, self.pos))
 
-    def prefill(self, q:torch.Tensor, k:torch.Tensor, v:torch.Tensor # (B, H, T, D) a whole prompt
-               ) -> torch.Tensor: # (B, H, T, D)
-        "Run a prompt in the parallel form and load the state it leaves (the cache starts over at position 0)."
-        T, W = q.shape[2], self.window_size
-        n = max(T - W, 0)
-        if n >= 2 ** self.levels:
-            raise ValueError(f"prefill of {T} tokens: more than this cache counts. Fix: HelixCache(..., max_len={T}).")
-        self.reset()
-        kv = torch.stack([k, v]).to(self.ring.dtype)
-        recent = torch.arange(n, T, device=self.pos.device)
-        self.ring.index_copy_(3, recent % W, kv[:, :, :, n:])  # token p lives in ring slot p % W
-        levels = _pyramid(kv.flatten(0, 1)[:, :, :n])
-        for j in range(n.bit_length()):
-            if n >> j & 1: self.slots[:, :, :, j] = levels[j][:, :, (n >> (j + 1)) * 2].unflatten(0, (2, -1))
-        self.active.copy_(n & self.bits != 0)
-        self.pos.fill_(T)
-        return helix_attention(q, k, v, W)
+# %% ../nbs/05_helix.ipynb #aacbddf9
+@patch
+def prefill(self:HelixCache, q:torch.Tensor, k:torch.Tensor, v:torch.Tensor # (B, H, T, D) a whole prompt
+           ) -> torch.Tensor: # (B, H, T, D)
+    "Run a prompt in the parallel form and load the state it leaves (the cache starts over at position 0)."
+    T, W = q.shape[2], self.window_size
+    n = max(T - W, 0)
+    if n >= 2 ** self.levels:
+        raise ValueError(f"prefill of {T} tokens: more than this cache counts. Fix: HelixCache(..., max_len={T}).")
+    self.reset()
+    kv = torch.stack([k, v]).to(self.ring.dtype)
+    recent = torch.arange(n, T, device=self.pos.device)
+    self.ring.index_copy_(3, recent % W, kv[:, :, :, n:])  # token p lives in ring slot p % W
+    levels = _pyramid(kv.flatten(0, 1)[:, :, :n])
+    for j in range(n.bit_length()):
+        if n >> j & 1: self.slots[:, :, :, j] = levels[j][:, :, (n >> (j + 1)) * 2].unflatten(0, (2, -1))
+    self.active.copy_(n & self.bits != 0)
+    self.pos.fill_(T)
+    return helix_attention(q, k, v, W)

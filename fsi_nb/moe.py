@@ -44,6 +44,7 @@ def _experts_bmm(xs, dest, gates, rows, w13, w2, y_pop):
     hid = _glu(torch.bmm(xs.view(e, rows, -1), w13)) * gates.view(e, rows, 1)
     return y_pop.index_add_(0, dest, torch.bmm(hid, w2).view(e * rows, -1))
 
+# %% ../nbs/07_moe.ipynb #6de942a7
 def _place_slices(counts, padded, token, dest, gates):
     """`(sizes, token, dest, gates)`: `padded` as a tensor, and each of the others with expert e's slice of sorted pairs
     moved to start at `sum(padded[:e])`; the extra rows point at token 0 with gate 0, so they add exactly nothing."""
@@ -64,6 +65,7 @@ def _static_layout(expert, counts, token, dest, gates, rows): # expert: each sor
     place = lambda t: t.new_zeros((counts.shape[0] * rows,) + t.shape[1:]).index_copy(0, pos, t)
     return rows, place(token), place(dest), place(gates)
 
+# %% ../nbs/07_moe.ipynb #d0b6e65b
 def _stable_size(c): return c if c < 32 else -(-c // (g := 1 << (c.bit_length() - 5))) * g  # <= 5 significant bits
 
 @torch.compiler.disable
@@ -72,6 +74,7 @@ def _stable_sizes(counts, token, dest, gates, sizes=None): # sizes: counts.tolis
     rows pointing at token 0 with gate 0 (they add exactly nothing): counts, token, dest, gates in the padded layout."""
     return _place_slices(counts, [_stable_size(c) for c in (counts.tolist() if sizes is None else sizes)], token, dest, gates)
 
+# %% ../nbs/07_moe.ipynb #a61e59b3
 @torch.compiler.disable
 def _padded_layout(counts, token, dest, gates):
     """`(experts, sizes, token, dest, gates)` for a CPU under bf16: every slice as large as the largest (rounded up to

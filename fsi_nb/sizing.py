@@ -145,6 +145,7 @@ def activation_bytes(cfg:FSIEdgeConfig, # or a preset name / `Preset`
     else: head = norm + d * f32                                       # the fused loss keeps only d loss / d hidden
     return dict(layer=attention + norm + ffn + dropout, layer_input=d * f32, head=head, ffn=ffn)
 
+# %% ../nbs/01_sizing.ipynb #aac54a48
 def loss_buffer_bytes(cfg:FSIEdgeConfig, # or a preset name / `Preset`
                       tokens:int,        # tokens in one micro-batch (a chunk is never longer)
                       precision='bf16', device='cuda') -> int:
@@ -153,6 +154,7 @@ def loss_buffer_bytes(cfg:FSIEdgeConfig, # or a preset name / `Preset`
     rows = min(tokens, loss_chunk_rows(cfg.vocab_size, device))  # the fused loss's chunk, never longer than the micro-batch
     return cfg.vocab_size * cfg.d_model * 4 + rows * cfg.vocab_size * (4 + (2 if precision == 'bf16' else 4))
 
+# %% ../nbs/01_sizing.ipynb #01750874
 def training_memory(cfg:FSIEdgeConfig,      # or a preset name / `Preset`
                     train:TrainConfig=None, # micro-batch and sequence; default the preset's, else TrainConfig()
                     precision:str=None,     # 'bf16' or 'fp32'; default train.precision
@@ -300,6 +302,7 @@ def device_memory(gpu:str) -> int:
     if gpu not in GPU_PEAKS: raise ValueError(f"unknown gpu {gpu!r}. Fix: use one of {', '.join([*GPU_PEAKS, 'cpu'])}.")
     return int(GPU_PEAKS[gpu]['memory_gb'] * 1e9)
 
+# %% ../nbs/01_sizing.ipynb #3661f7f6
 def report(preset_or_cfg,        # preset name, `Preset` or `FSIEdgeConfig`
            hours:float=8.0,      # time budget
            gpu:str=None,         # 'a100', 'h100', 'h200', 'cpu'; default from the preset
@@ -334,12 +337,14 @@ def report(preset_or_cfg,        # preset name, `Preset` or `FSIEdgeConfig`
                 chinchilla=dict(flop_budget=budget, params=n_opt, tokens=d_opt),
                 tokens_per_param=tokens / (f['total'] / 6))
 
+# %% ../nbs/01_sizing.ipynb #bb99cdb4
 def human(x:float, unit:str='') -> str:
     "3 significant figures with an SI prefix: 105M, 46G, 989 TFLOP/s."
     for div, s in ((1e15, 'P'), (1e12, 'T'), (1e9, 'G'), (1e6, 'M'), (1e3, 'K')):
         if abs(x) >= div: return f"{x / div:.3g} {s}{unit}" if unit else f"{x / div:.3g}{s}"
     return f"{x:.3g} {unit}" if unit else f"{x:.3g}"
 
+# %% ../nbs/01_sizing.ipynb #a0d2e286
 def format_report(r:dict) -> str:
     "The `report` dict as a few readable lines."
     f, m, mc, ch = r['flops_per_token_by_part'], r['memory'], r['memory_checkpointed'], r['chinchilla']
@@ -357,6 +362,7 @@ def format_report(r:dict) -> str:
         f"device {gb(r['device_memory'])}: {'fits' if r['fits_memory'] else 'fits with checkpointing' if r['fits_memory_checkpointed'] else 'DOES NOT FIT'}",
         f"chinchilla   {ch['flop_budget']:.3g} FLOPs -> {human(ch['params'])} params on {human(ch['tokens'])} tokens"])
 
+# %% ../nbs/01_sizing.ipynb #4cee909c
 def main(argv:list=None # command-line arguments; default sys.argv[1:]
         ):
     "`python -m fsi_nb.sizing PRESET [--hours H] [--gpu G] [--mfu M] [--seq-len T] [--precision P] [--json]`."
@@ -455,6 +461,7 @@ def presets_table(gpu:str=None,    # one device for every preset; default each p
                          memory_gb=r['memory']['total'] / 1e9, fits=r['fits_memory']))
     return pd.DataFrame(rows).set_index('preset')
 
+# %% ../nbs/01_sizing.ipynb #0c78e495
 def report_table(r:dict):
     "One `report` as a two-column pandas DataFrame of readable figures."
     import pandas as pd
@@ -472,6 +479,7 @@ def report_table(r:dict):
             ('tokens per compute parameter', f"{r['tokens_per_param']:.1f}")]
     return pd.DataFrame(rows, columns=['quantity', 'value']).set_index('quantity')
 
+# %% ../nbs/01_sizing.ipynb #7ebf201b
 _RUNNERS = {'papermill', 'nbconvert', 'jupyter-nbconvert', 'nbclient', 'jupyter-execute', 'execnb', 'nbdev-test', 'nbdev_test'}
 
 def _program(argv:list) -> str:
@@ -497,6 +505,7 @@ def _headless_parent() -> bool:
         if pid <= 1: return False
     return False
 
+# %% ../nbs/01_sizing.ipynb #7ba9daeb
 def has_widget_frontend() -> bool:
     "Whether widgets will be seen live: an IPython kernel started by a Jupyter frontend, not by papermill & co. `$FSI_NB_LIVE`=0/1 overrides."
     env = os.environ.get('FSI_NB_LIVE')
@@ -524,6 +533,7 @@ def _png(fig, dpi:int=90) -> bytes:
     buf = io.BytesIO(); fig.savefig(buf, format='png', dpi=dpi, bbox_inches='tight')
     return buf.getvalue()
 
+# %% ../nbs/01_sizing.ipynb #fc18ac4c
 def sizing_explorer(preset:str='h100', gpu:str='h100', hours:float=8.0, mfu:float=0.4):
     "ipywidgets controls that redraw a report table and the tokens-vs-parameters plot, in place, on every change."
     import ipywidgets as W
