@@ -171,7 +171,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'fsi_nb.dashboard.main': ('dashboard.html#main', 'fsi_nb/dashboard.py'),
                                   'fsi_nb.dashboard.plot_routing': ('dashboard.html#plot_routing', 'fsi_nb/dashboard.py'),
                                   'fsi_nb.dashboard.plot_training': ('dashboard.html#plot_training', 'fsi_nb/dashboard.py'),
-                                  'fsi_nb.dashboard.read_json': ('dashboard.html#read_json', 'fsi_nb/dashboard.py'),
                                   'fsi_nb.dashboard.read_log': ('dashboard.html#read_log', 'fsi_nb/dashboard.py'),
                                   'fsi_nb.dashboard.summary_line': ('dashboard.html#summary_line', 'fsi_nb/dashboard.py'),
                                   'fsi_nb.dashboard.watch': ('dashboard.html#watch', 'fsi_nb/dashboard.py')},
