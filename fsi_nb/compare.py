@@ -12,22 +12,22 @@ import matplotlib
 import pandas as pd
 from matplotlib.figure import Figure
 
-from .config import FSIEdgeConfig, config_from_dict
+from .config import FSIEdgeConfig
 from .sizing import count_params, flops_per_token
-from .dashboard import read_log, read_json
+from .dashboard import read_log
+from .run_folder import RunConfig, read_config, read_status, read_eval
 
 # %% auto #0
 __all__ = ['run_config', 'run_curves', 'eval_columns', 'compare_table', 'plot_comparison']
 
 # %% ../nbs/11b_compare.ipynb #54831580
-def run_config(run) -> tuple[FSIEdgeConfig, dict]:
+def run_config(run) -> tuple[FSIEdgeConfig, RunConfig]:
     "The model config and the whole config.json of a run folder."
-    run = Path(run)
-    if not (run/'config.json').exists():
+    info = read_config(run)
+    if info is None:
         raise FileNotFoundError(f"{run} has no config.json. Fix: pass run folders (runs/<name>) of runs that have started; "
                                 "for a pipeline, one of its stages (runs/<name>/stage1).")
-    info = json.loads((run/'config.json').read_text())
-    return config_from_dict(FSIEdgeConfig, info['model']), info
+    return info.model_config, info
 
 # %% ../nbs/11b_compare.ipynb #b7b83607
 def run_curves(runs:list) -> pd.DataFrame:
@@ -65,15 +65,15 @@ def compare_table(runs:list, curves:pd.DataFrame|None=None) -> pd.DataFrame:
     for run in map(Path, runs):
         cfg, info = run_config(run)
         name = run.name if run.name not in ('', '.') else str(run)
-        c, st, pc = curves[curves.run == name], read_json(run/'status.json') or {}, count_params(cfg)
+        c, st, pc = curves[curves.run == name], read_status(run), count_params(cfg)
         val = c['val_loss'].dropna()
-        row = dict(run=name, arch=cfg.arch, preset=info.get('preset'), params=pc.total, params_active=pc.active,
-                   flops_per_token=flops_per_token(cfg, info.get('train', {}).get('seq_len') or cfg.max_seq_len)['total'],
-                   state=st.get('state'), steps=int(c['step'].max()) + 1, tokens=int(c['tokens'].max()),
+        row = dict(run=name, arch=cfg.arch, preset=info.preset, params=pc.total, params_active=pc.active,
+                   flops_per_token=flops_per_token(cfg, info.train.get('seq_len') or cfg.max_seq_len)['total'],
+                   state=st.state, steps=int(c['step'].max()) + 1, tokens=int(c['tokens'].max()),
                    train_flops=float(c['flops'].max()), hours=float(c['hours'].max()),
                    final_loss=float(c['loss'].iloc[-1]), final_val_loss=float(val.iloc[-1]) if len(val) else None,
                    best_val_loss=float(val.min()) if len(val) else None)
-        rows.append(row | eval_columns(read_json(run/'eval.json') or {}))
+        rows.append(row | eval_columns(read_eval(run)))
     return pd.DataFrame(rows).set_index('run')
 
 # %% ../nbs/11b_compare.ipynb #64ad1129

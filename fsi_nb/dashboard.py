@@ -13,10 +13,11 @@ from fastcore.basics import patch
 from fastcore.imports import in_notebook
 
 from .sizing import has_widget_frontend  # one detector of a live widget frontend, shared with the sizing explorer
+from .run_folder import RunFolder, RunConfig, Status, read_config, read_status
 
 # %% auto #0
-__all__ = ['LogTail', 'read_log', 'read_json', 'eta_seconds', 'summary_line', 'plot_training', 'plot_routing', 'fig_png',
-           'Dashboard', 'watch', 'lab_copies', 'main']
+__all__ = ['LogTail', 'read_log', 'eta_seconds', 'summary_line', 'plot_training', 'plot_routing', 'fig_png', 'Dashboard', 'watch',
+           'lab_copies', 'main']
 
 # %% ../nbs/10_dashboard.ipynb #0b0a7e2b
 class LogTail:
@@ -45,15 +46,10 @@ class LogTail:
 
 def read_log(run) -> pd.DataFrame:
     "All records of a run (a run folder or a log.jsonl) as a DataFrame indexed by step."
-    p = Path(run); p = p/'log.jsonl' if p.is_dir() else p
+    p = Path(run); p = RunFolder(p).log if p.is_dir() else p
     recs = LogTail(p); recs.read()
     df = pd.DataFrame(recs.records)
     return df.drop_duplicates('step', keep='last').set_index('step', drop=False) if len(df) else df
-
-def read_json(path) -> dict:
-    "A JSON file, or {} when it is missing or half-written."
-    try: return json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError): return {}
 
 # %% ../nbs/10_dashboard.ipynb #7e44033a
 def eta_seconds(records:list[dict], total_steps:int|None, window:int=10) -> float | None:
@@ -142,9 +138,9 @@ class Dashboard:
                  print_s:float=0.0,            # log-line mode: at most one line per this many seconds
                  vocab_size:int|None=None):
         self.run_dir, self.records = Path(run_dir), []
-        cfg = read_json(self.run_dir/'config.json')
-        self.total_steps = total_steps or cfg.get('total_steps')
-        self.vocab_size = vocab_size or cfg.get('model', {}).get('vocab_size', 32768)
+        cfg = read_config(self.run_dir) or RunConfig()
+        self.total_steps = total_steps or cfg.total_steps
+        self.vocab_size = vocab_size or cfg.model.get('vocab_size', 32768)
         self.live = has_widget_frontend() if live is None else live
         self.redraw_s, self.png_s, self.print_s = redraw_s, png_s, print_s
         self._drawn = self._png = self._printed = 0.0
@@ -217,8 +213,8 @@ class Dashboard:
     def finish(self, show:bool=True) -> list[Path]:
         "Final redraw, PNGs in the run folder, and (if `show`) a real image/png in the notebook."
         if self.records: self.update(force=True)
-        st = read_json(self.run_dir/'status.json')
-        if self.live and st.get('state') not in (None, 'running'): self.say(f"{st['state']}: {st.get('message', '')}")
+        st = read_status(self.run_dir)
+        if self.live and st.state not in (None, 'running'): self.say(f"{st.state}: {st.message or ''}")
         paths = self.save_pngs() if self.records else []
         if show and paths:
             from IPython.display import display, Image
@@ -228,14 +224,14 @@ class Dashboard:
 # %% ../nbs/10_dashboard.ipynb #9542921a
 def _watch_step(dash:Dashboard, tail:LogTail, run:Path) -> bool:
     "One poll of a watched run: draw what is new; True once the run has stopped (it says so, or its process is gone)."
-    st = read_json(run/'status.json')       # status before log: lines written before 'finished' are read below
+    st = read_status(run)                   # status before log: lines written before 'finished' are read below
     if tail.read():
         dash.records = list(tail.records); dash.update()
-    state = st.get('state')
+    state = st.state
     if state not in (None, 'running'):
-        dash.say(f"{run.name}: {state}: {st.get('message', '')}"); return True
+        dash.say(f"{run.name}: {state}: {st.message or ''}"); return True
     if state == 'running' and not _alive(st):
-        dash.say(f"{run.name}: its process {st.get('pid')} is gone (killed?); last logged step "
+        dash.say(f"{run.name}: its process {st.pid} is gone (killed?); last logged step "
                  f"{tail.records[-1]['step'] if tail.records else None}. Resume it with the same command."); return True
     return False
 
@@ -247,7 +243,7 @@ def watch(run,                      # a run folder, e.g. "runs/tiny"
          ) -> Dashboard:
     "Follow a run started elsewhere (tmux, papermill, the CLI) by tailing its log until it stops; in JupyterLab, in the background."
     run = Path(run)
-    dash, tail, t0 = Dashboard(run, live=live, png_s=max(60.0, interval)), LogTail(run/'log.jsonl'), time.monotonic()
+    dash, tail, t0 = Dashboard(run, live=live, png_s=max(60.0, interval)), LogTail(RunFolder(run).log), time.monotonic()
     if dash.live and _kernel_loop() is not None:   # the cell returns at once and the kernel stays free for a reloaded page
         async def follow():
             while not _watch_step(dash, tail, run) and (timeout is None or time.monotonic() - t0 < timeout): await asyncio.sleep(interval)
@@ -271,11 +267,11 @@ def _kernel_loop():
     try: return asyncio.get_running_loop()
     except RuntimeError: return None
 
-def _alive(status:dict) -> bool:
+def _alive(status:Status) -> bool:
     "False only when the run's process is known to be gone (same host, pid not running)."
     import socket
-    if status.get('host') != socket.gethostname() or not status.get('pid'): return True
-    try: os.kill(int(status['pid']), 0); return True
+    if status.host != socket.gethostname() or not status.pid: return True
+    try: os.kill(int(status.pid), 0); return True
     except ProcessLookupError: return False
     except PermissionError: return True
 
@@ -309,9 +305,9 @@ async def run(self:Dashboard, fn, *args, **kwargs):
     if not self.live:
         with contextlib.redirect_stderr(sys.stdout): return fn(*args, **kwargs)   # the trainer's lines are not errors here
     kwargs = {k: v for k, v in kwargs.items() if v is not self}   # a child cannot call back: its log is followed instead
-    tail, st = LogTail(self.run_dir/'log.jsonl'), read_json(self.run_dir/'status.json')
-    if st.get('state') == 'running' and st.get('pid') and _alive(st):   # already training (this cell, before a reload): follow it
-        self.say(f"already training (process {st['pid']}): following it")
+    tail, st = LogTail(RunFolder(self.run_dir).log), read_status(self.run_dir)
+    if st.state == 'running' and st.pid and _alive(st):   # already training (this cell, before a reload): follow it
+        self.say(f"already training (process {st.pid}): following it")
         while not _watch_step(self, tail, self.run_dir): await asyncio.sleep(0.5)
         self.finish(show=False); return None
     tmp = Path(tempfile.mkdtemp(prefix='fsi_nb-run-'))

@@ -18,61 +18,14 @@ from .tokenizer import SPECIAL_TOKENS, load_tokenizer, structure_tables, token_t
 from .shards import CATEGORIES, manifest_path, verify_manifest
 from .batches import Batcher
 from .model import FSIEdgeModel, sample_next
-from .checkpoint import latest_valid_checkpoint, load_checkpoint
-from .runs import resolve_device, write_json
+from .run_folder import LoadedRun, load_run, RunFolder, write_eval
 from .dashboard import fig_png, plot_routing, plot_training, read_log
 
 # %% auto #0
-__all__ = ['SEED_TOKENS_PER_STEP', 'LOSS_GATES', 'LoadedRun', 'load_run', 'validation_loss', 'token_byte_lengths',
-           'category_metrics', 'loss_gate_table', 'token_texts', 'special_ids', 'generate_until', 'generate_batched',
-           'sample', 'fim_example', 'fim_examples', 'fim_exact_match', 'routing_table', 'routing_health',
-           'sizing_table', 'evaluate_run', 'markdown_table', 'plot_categories', 'write_report']
-
-# %% ../nbs/11_evaluate.ipynb #9c5be45f
-@dataclass
-class LoadedRun:
-    "A trained model with what it needs around it."
-    model: FSIEdgeModel
-    model_config: FSIEdgeConfig
-    train_config: TrainConfig
-    step: int                 # optimizer steps the checkpoint holds
-    checkpoint: Path
-    data_dir: Path
-    tokenizer: object         # tokenizers.Tokenizer, verified against the checkpoint's hash
-    info: dict                # the run's config.json ({} if missing)
-
-def load_run(run,                       # a run folder (runs/<name>) or a checkpoint file
-             data_dir=None,             # None: the folder the run trained on (from config.json)
-             device:str|torch.device='cpu'
-            ) -> LoadedRun:
-    "The newest verified checkpoint of a run as a model in eval mode, with its tokenizer (same SHA-256 as in training)."
-    run, device = Path(run), resolve_device(str(device))   # a missing GPU is a clear error, before any loading
-    if not run.exists():
-        raise FileNotFoundError(f"{run} does not exist. Fix: pass a run folder (runs/<name>) or one of its checkpoints "
-                                "(runs/<name>/checkpoints/step_*.pt).")
-    if run.is_file(): path, run_dir = run, run.parent.parent
-    else:
-        run_dir = run
-        path, skipped = latest_valid_checkpoint(run/'checkpoints')
-        for p, why in skipped: print(f'skipping checkpoint {p}: {why}')
-        if path is None: raise FileNotFoundError(f"no valid checkpoint in {run/'checkpoints'}. Fix: train the run first "
-                                                 "(nbs/train.ipynb or python -m fsi_nb.train), or pass another run folder.")
-    ck = load_checkpoint(path)
-    info = {}
-    if (run_dir/'config.json').exists(): info = json.loads((run_dir/'config.json').read_text())
-    data_dir = Path(data_dir or info.get('data', {}).get('dir', ''))
-    if not (data_dir/'tokenizer').exists():
-        raise FileNotFoundError(f"no tokenizer in {data_dir}/tokenizer. Fix: pass data_dir= the folder this run was prepared and "
-                                "trained with.")
-    if tokenizer_sha256(data_dir/'tokenizer') != ck['tokenizer_sha256']:
-        raise ValueError(f"the tokenizer in {data_dir} is not the one {path} was trained with (SHA-256 differs): its ids would "
-                         "decode to gibberish. Fix: pass data_dir= the run's own data folder.")
-    mcfg = config_from_dict(FSIEdgeConfig, ck['config']['model'])
-    tcfg = config_from_dict(TrainConfig, ck['config']['train'])
-    model = FSIEdgeModel(mcfg)
-    model.load_state_dict(ck['model'])
-    model.to(device).eval()
-    return LoadedRun(model, mcfg, tcfg, ck['step'], path, data_dir, load_tokenizer(data_dir/'tokenizer'), info)
+__all__ = ['SEED_TOKENS_PER_STEP', 'LOSS_GATES', 'validation_loss', 'token_byte_lengths', 'category_metrics', 'loss_gate_table',
+           'token_texts', 'special_ids', 'generate_until', 'generate_batched', 'sample', 'fim_example', 'fim_examples',
+           'fim_exact_match', 'routing_table', 'routing_health', 'sizing_table', 'evaluate_run', 'markdown_table',
+           'plot_categories', 'write_report']
 
 # %% ../nbs/11_evaluate.ipynb #b06d20bd
 @torch.no_grad()
@@ -377,8 +330,8 @@ def sizing_table(run:LoadedRun, log:pd.DataFrame, # the run's log (`read_log`); 
                  mfu:float=0.4) -> pd.DataFrame:
     "The sizing calculator's estimate next to what the run measured: parameters, tokens/s, MFU, tokens and hours."
     cfg, t = run.model_config, run.train_config
-    device = str(run.info.get('device', t.device))
-    preset = run.info.get('preset')
+    device = str(run.info.device or t.device)
+    preset = run.info.preset
     gpu = 'cpu' if device.startswith('cpu') else preset if preset in GPU_PEAKS else 'h100'
     precision = t.precision if t.precision in ('fp32', 'bf16') else 'fp32' if gpu == 'cpu' else 'bf16'
     pc, fpt = count_params(cfg), flops_per_token(cfg, t.seq_len)['total']
@@ -407,8 +360,8 @@ def evaluate_run(run, data_dir=None, val_batches:int=20, batch_size:int=8, seq_l
     seq_len = seq_len or r.train_config.seq_len
     val = validation_loss(r.model, r.data_dir, val_batches, batch_size, seq_len, seed)
     cats = category_metrics(r.model, r.data_dir, r.tokenizer, seq_len, batch_size, category_tokens, verify=False, progress=progress)
-    run_dir = r.checkpoint.parent.parent
-    log = read_log(run_dir) if (run_dir/'log.jsonl').exists() else pd.DataFrame()
+    run_dir = RunFolder.of(r.checkpoint).path
+    log = read_log(run_dir) if RunFolder(run_dir).log.exists() else pd.DataFrame()
     return dict(run=str(run_dir), step=r.step, checkpoint=str(r.checkpoint), val=val, categories=cats,
                 gates=loss_gate_table(log, r.model_config.vocab_size), sizing=sizing_table(r, log),
                 sample=sample(r.model, r.tokenizer, prompt, max_new_tokens, seed=seed),
@@ -479,8 +432,8 @@ def write_report(ev:dict,                   # `evaluate_run(...)`
     name, info, log = out.name, r.info, ev['log']
     out.mkdir(parents=True, exist_ok=True)
     L = [f"# Report card: {name}\n", f"Checkpoint `{Path(ev['checkpoint']).name}` (step {ev['step']:,}), evaluated "
-         f"{time.strftime('%Y-%m-%d %H:%M')}; preset `{info.get('preset', '?')}`, stage `{info.get('stage', r.train_config.stage)}`, "
-         f"trained on {info.get('device', r.train_config.device)} ({info.get('host', '?')}), commit `{info.get('git_commit')}`.\n"]
+         f"{time.strftime('%Y-%m-%d %H:%M')}; preset `{info.preset or '?'}`, stage `{info.stage or r.train_config.stage}`, "
+         f"trained on {info.device or r.train_config.device} ({info.host or '?'}), commit `{info.git_commit}`.\n"]
     cfg = {**{k: getattr(r.model_config, k) for k in ('vocab_size', 'd_model', 'n_layers', 'n_heads', 'kv_heads', 'd_ff', 'n_routed', 'n_shared', 'top_k', 'expert_d_ff', 'max_seq_len', 'window_size')},
            **{k: getattr(r.train_config, k) for k in ('batch_size', 'grad_accum', 'seq_len', 'max_steps', 'lr', 'precision', 'seed')}}
     L += ['## Config\n', markdown_table(pd.DataFrame([cfg]).T.rename(columns={0: 'value'}).rename_axis('setting')),
@@ -510,7 +463,7 @@ def write_report(ev:dict,                   # `evaluate_run(...)`
     if params: L += ['\n## Evaluation settings\n', markdown_table(pd.DataFrame([params]).T.rename(columns={0: 'value'}).rename_axis('parameter'))]
     path = out/'report.md'
     path.write_text('\n'.join(L))
-    write_json(out/'eval.json', _json_ready(dict(run=ev['run'], step=ev['step'], checkpoint=ev['checkpoint'], val=ev['val'],
+    write_eval(out, _json_ready(dict(run=ev['run'], step=ev['step'], checkpoint=ev['checkpoint'], val=ev['val'],
                categories=ev['categories'], gates=ev['gates'], sizing=ev['sizing'].drop(columns='note'), routing=ev['routing'],
                fim=None if fim is None else dict(exact_match=fim['exact_match'], n=fim['n']),
                humaneval=None if humaneval is None else {k: v for k, v in humaneval.items() if not isinstance(v, pd.DataFrame)},

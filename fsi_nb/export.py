@@ -15,9 +15,9 @@ import fsi_nb
 from . import config as _config, layers as _layers, helix as _helix, attention as _attention, moe as _moe, model as _model
 from .config import FSIEdgeConfig, config_to_dict
 from .tokenizer import SPECIAL_TOKENS, EOT_TOKEN, PAD_TOKEN, tokenizer_sha256
-from .checkpoint import CheckpointError, final_checkpoint
+from .checkpoint import CheckpointError
 from .model import FSIEdgeModel
-from .evaluate import LoadedRun, load_run
+from .run_folder import LoadedRun, load_run
 
 # %% auto #0
 __all__ = ['FORMATS', 'MODEL_MODULES', 'CHECK_PROMPT', 'GGUF_ARCH', 'load_for_export', 'staged_output', 'modeling_source',
@@ -32,7 +32,7 @@ def load_for_export(run,          # a run folder (runs/<name>), a checkpoint fil
                    ) -> LoadedRun:
     "The run's newest verified checkpoint as a model in eval mode on the CPU, with its tokenizer (hash-checked)."
     if isinstance(run, LoadedRun): return run
-    return load_run(final_checkpoint(run), data_dir)
+    return load_run(run, data_dir)
 
 # %% ../nbs/13_export.ipynb #01a71c51
 @contextmanager

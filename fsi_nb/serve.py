@@ -21,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .tokenizer import EOT_TOKEN, token_text
 from .model import sample_next
-from .evaluate import LoadedRun, load_run
+from .checkpoint import CheckpointError
+from .run_folder import LoadedRun, load_run
 from .sizing import has_widget_frontend
 
 # %% auto #0
@@ -448,7 +449,7 @@ def main(argv=None):
     try: sock = _listen(a.host, a.port)   # first: a port in use is said at once, not after the model loads
     except OSError as e: ap.error(str(e))
     try: srv = Server(a.run, **{k: getattr(a, k) for k in _SERVER_FLAGS})
-    except (OSError, ValueError) as e: sock.close(); ap.error(str(e))   # FileNotFoundError is an OSError: a missing run or tokenizer
+    except (OSError, ValueError, CheckpointError) as e: sock.close(); ap.error(str(e))   # FileNotFoundError is an OSError: a missing run or tokenizer
     print(f"fsi_nb.serve: {srv.name} (step {srv.run.step}, {srv.device}, {srv.workers} workers, {torch.get_num_threads()} torch "
           f"threads) on {_url(sock)}", flush=True)
     if a.host not in ('127.0.0.1', 'localhost', '::1'):

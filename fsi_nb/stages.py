@@ -11,7 +11,8 @@ from pathlib import Path
 import pandas as pd
 
 from .config import STAGES, OBJECTIVE_CONFIGS, Settings, get_stage, load_settings
-from .runs import read_json, write_json, resolve_run, objective_setting_names
+from .runs import resolve_run, objective_setting_names
+from .run_folder import read_status, write_json
 from .train import train, RunResult
 
 # %% auto #0
@@ -52,13 +53,13 @@ def parse_stages(stages) -> list[str]:
 # %% ../nbs/09a_stages.ipynb #c97779ab
 def stage_row(stage:str, run_dir) -> dict:
     "The table row of a stage's run, from its status.json."
-    st = read_json(Path(run_dir)/'status.json', {}) or {}
-    evals, metric = st.get('evals') or [], st.get('metric')
+    st = read_status(run_dir)
+    evals, metric = st.evals or [], st.metric
     before = evals[0].get(metric) if evals and evals[0].get('step') == 0 else None
     after = evals[-1].get(metric) if evals else None
-    up = st.get('higher_is_better', False)
-    return dict(stage=stage, objective=get_stage(stage).objective, state=st.get('state', 'not run'), steps=st.get('step'), metric=metric,
-                before=before, after=after, best=(st.get('best') or {}).get(metric),
+    up = st.higher_is_better or False
+    return dict(stage=stage, objective=get_stage(stage).objective, state=st.state or 'not run', steps=st.step, metric=metric,
+                before=before, after=after, best=(st.best or {}).get(metric),
                 improved=None if before is None or after is None else (after > before if up else after < before), run=str(run_dir))
 
 @dataclass
@@ -100,7 +101,7 @@ def run_pipeline(stages,                     # 'stage1,stage1b,...' or a list (`
     runs, prev, stopped, signum = {}, init_from, 'finished', None
     for stage in stages:
         run_dir = pdir/stage
-        state = (read_json(run_dir/'status.json', {}) or {}).get('state')
+        state = read_status(run_dir).state
         if state in _DONE: print(f'{name}: {stage} is done ({state}); not re-run (delete {run_dir} to train it again)')
         else:
             r = train(preset, f'{name}/{stage}', smoke=smoke, progress=progress, callback=callback, settings=s, nproc=nproc,

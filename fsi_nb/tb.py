@@ -7,7 +7,8 @@ from __future__ import annotations
 import argparse, builtins, math, sys, time
 from pathlib import Path
 from .config import load_settings
-from .dashboard import LogTail, read_json
+from .dashboard import LogTail
+from .run_folder import RunFolder, read_status
 
 # %% auto #0
 __all__ = ['summary_writer', 'scalars', 'TBMirror', 'follow', 'main']
@@ -34,7 +35,7 @@ class TBMirror:
     "Mirror one run's `log.jsonl` into TensorBoard events (default `run/tb/`): each `update()` writes the records added since the last, each step once, across resumes and restarts."
     def __init__(self, run_dir, logdir=None):
         self.run = Path(run_dir); self.logdir = Path(logdir) if logdir else self.run/'tb'
-        self.tail, self.writer, self.mark = LogTail(self.run/'log.jsonl'), None, self.logdir/'mirrored_step'
+        self.tail, self.writer, self.mark = LogTail(RunFolder(self.run).log), None, self.logdir/'mirrored_step'
         self.last = int(self.mark.read_text()) if self.mark.exists() else -1     # a restarted follower does not write steps twice
 
     def update(self) -> int:
@@ -53,7 +54,7 @@ class TBMirror:
         if self.writer is not None: self.writer.close(); self.writer = None
 
 # %% ../nbs/15b_tb.ipynb #6e05d04d
-def _state(run:Path) -> str | None: return read_json(run/'status.json').get('state')
+def _state(run:Path) -> str | None: return read_status(run).state
 
 def follow(runs:list|None=None,      # run folders; None: every run under settings.ini runs_dir, new ones too, while `tensorboard = true`
            interval:float=10.0,       # seconds between reads

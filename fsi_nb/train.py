@@ -17,10 +17,10 @@ from .tokenizer import load_tokenizer, structure_tables
 from .data import ensure_prepared
 from .shards import verify_manifest, manifest_sha256
 from .model import FSIEdgeModel, unwrap
-from .checkpoint import (CheckpointError, checkpoint_path, save_checkpoint, load_checkpoint, latest_valid_checkpoint,
-                               list_checkpoints, final_checkpoint, rng_state, set_rng_state, seed_everything, rank_seed)
-from .runs import (RunSpec, SCRATCH, resolve_run, warn_short_warmup, autocast_context, tune_cpu_allocator, check_writable, is_smoke_run, CPUShare,
-                         truncate_log, write_json, read_json, json_safe, git_commit, to_json)
+from .checkpoint import CheckpointError, list_checkpoints, rng_state, set_rng_state, seed_everything, rank_seed
+from .runs import RunSpec, SCRATCH, resolve_run, warn_short_warmup, autocast_context, tune_cpu_allocator, CPUShare, json_safe, git_commit, to_json
+from .run_folder import (RunFolder, RunConfig, Status, Checkpoint, check_writable, is_smoke_run, truncate_log, write_config,
+                               write_status, read_status, save_run_checkpoint, read_checkpoint, pick_checkpoint, check_compatible)
 from .objectives import make_objective, GRPO, DPO
 from .distributed import (Ranks, init_ranks, wrap_model, grad_sync, clip_grad_norm,
                                 full_model_state, full_optimizer_state, load_optimizer_state, restore_rng,
@@ -122,14 +122,14 @@ class RunResult:
     model: torch.nn.Module | None = field(default=None, repr=False)
 
     @classmethod
-    def from_status(cls, run_name:str, run_dir, s:dict, # a run's final status.json (what `_Loop.result` writes)
+    def from_status(cls, run_name:str, run_dir, s, # a run's final `Status` (what `_Loop.result` writes)
                     skipped=(), model=None) -> RunResult:
         "The result that a run's final status describes: built the same way by `train` and by a torchrun job's follower."
         path = lambda x: Path(x) if x else None
-        return cls(run_name, Path(run_dir), step=s['step'], total_steps=s['total_steps'], stopped=s['state'], message=s['message'],
-                   loss=s['loss'], avg_loss=s['avg_loss'], tokens=s['tokens'], tokens_per_sec=s['tokens_per_sec'], bad_steps=s['bad_steps'],
-                   checkpoint=path(s['checkpoint']), resumed_from=path(s['resumed_from']), skipped=list(skipped), timings=s['timings'],
-                   signum=s['signum'], evals=s['evals'], best=s['best'], model=model)
+        return cls(run_name, Path(run_dir), step=s.step, total_steps=s.total_steps, stopped=s.state, message=s.message, loss=s.loss,
+                   avg_loss=s.avg_loss, tokens=s.tokens, tokens_per_sec=s.tokens_per_sec, bad_steps=s.bad_steps,
+                   checkpoint=path(s.checkpoint), resumed_from=path(s.resumed_from), skipped=list(skipped), timings=s.timings,
+                   signum=s.signum, evals=s.evals or [], best=s.best, model=model)
 
     @property
     def overhead(self) -> float:
@@ -195,14 +195,12 @@ def build_model(spec:RunSpec, data_dir) -> FSIEdgeModel:
     model.set_structure_tables(**structure_tables(load_tokenizer(Path(data_dir)/'tokenizer')))
     return model.to(spec.device)
 
-def load_init_weights(model, init_from, tokenizer_sha256:str) -> Path:
+def load_init_weights(model, init_from, tokenizer_sha256:str, data_dir=None) -> Path:
     "Load the final weights of the run (or checkpoint) `init_from` into `model`; they must come from the same tokenizer."
-    path = final_checkpoint(init_from)
-    ck = load_checkpoint(path)
-    if ck.get('tokenizer_sha256') != tokenizer_sha256:
-        raise ValueError(f"init_from={init_from} was trained with another tokenizer ({str(ck.get('tokenizer_sha256'))[:12]} vs "
-                         f"{tokenizer_sha256[:12]}). Fix: train this stage on the data folder that run used (data_dir).")
-    missing, unexpected = model.load_state_dict(ck['model'], strict=False)
+    path = pick_checkpoint(init_from, 'final')[0]
+    ck = read_checkpoint(path)
+    check_compatible(ck, data_dir, f"train this stage (init_from={init_from}) on the data folder that run used (data_dir)", tokenizer_sha256)
+    missing, unexpected = model.load_state_dict(ck.model, strict=False)
     if missing or unexpected:
         raise ValueError(f"init_from={init_from} has another architecture (missing {missing[:4]}, unexpected {unexpected[:4]}). "
                          "Fix: start this stage with the same preset and model overrides as the run it starts from.")
@@ -210,25 +208,17 @@ def load_init_weights(model, init_from, tokenizer_sha256:str) -> Path:
 
 def _check_resume(ck, spec, tok_sha, man_sha, path, data_dir, world:int=1):
     "Refuse to continue a checkpoint on other data or another architecture; warn about changed training numbers."
-    if ck.get('tokenizer_sha256') != tok_sha or ck.get('manifest_sha256') != man_sha:
-        what = 'tokenizer' if ck.get('tokenizer_sha256') != tok_sha else 'data manifest'
-        raise ValueError(f"checkpoint {path} was trained with another {what} than the one in {data_dir} "
-                         f"(tokenizer {str(ck.get('tokenizer_sha256'))[:12]} vs {tok_sha[:12]}, manifest "
-                         f"{str(ck.get('manifest_sha256'))[:12]} vs {man_sha[:12]}). Fix: point data_dir at the data this run "
-                         "was trained on, or start a new run (another run_name).")
-    old_m = ck['config']['model']
-    diff = {k: (old_m.get(k), v) for k, v in config_to_dict(spec.model).items() if old_m.get(k) != v}
-    if diff: raise ValueError(f"checkpoint {path} has another architecture: {diff} (checkpoint, now). Fix: resume with "
-                              "the same preset and model overrides, or start a new run (another run_name).")
-    old_t = config_to_dict(TrainConfig()) | ck['config']['train']   # a field newer than the checkpoint had its default
+    check_compatible(ck, data_dir, "resume on the data this run was trained on (data_dir), with the same preset and model "
+                     "overrides, or start a new run (another run_name)", tok_sha, man_sha, spec.model)
+    old_t = config_to_dict(ck.train_config)   # a field newer than the checkpoint has its default
     tdiff = {k: (old_t.get(k), v) for k, v in config_to_dict(spec.train).items()
              if old_t.get(k) != v and k != 'activation_checkpointing'}   # checkpointing changes memory, not a number
-    old_world = ck.get('world_size', 1)
+    old_world = ck.world_size
     if old_world != world:   # the same micro-batches per step (grad_accum x processes) draw the same windows
         before, now = old_t['grad_accum'] * old_world, spec.train.grad_accum * world
         tdiff.pop('grad_accum', None)
         if before != now: tdiff['micro-batches per step (grad_accum x processes)'] = (before, now)
-    old_o, new_o = ck['config'].get('objective') or {}, config_to_dict(spec.objective) if spec.objective else {}
+    old_o, new_o = ck.objective_config or {}, config_to_dict(spec.objective) if spec.objective else {}
     tdiff |= {k: (old_o.get(k), v) for k, v in new_o.items() if k in old_o and old_o[k] != v}   # an objective's settings
     if 'stage' in tdiff: raise ValueError(f"checkpoint {path} is a run of {old_t.get('stage')}, not {spec.train.stage}. Fix: "
                                           "resume it with the same stage, or train this stage under another run_name.")
@@ -238,7 +228,7 @@ def _check_resume(ck, spec, tok_sha, man_sha, path, data_dir, world:int=1):
 # %% ../nbs/09_train.ipynb #5a740b62
 def _guard_run_dir(spec:RunSpec, resume:bool, main:bool=True):
     "Refuse what would lose work (a smoke test over a real run, resume=False over checkpoints); prove the folder is writable."
-    run_dir, ckpt_dir = spec.run_dir, spec.run_dir/'checkpoints'
+    run_dir, ckpt_dir = spec.run_dir, RunFolder(spec.run_dir).checkpoints
     if spec.smoke and list_checkpoints(ckpt_dir) and not is_smoke_run(run_dir):
         raise ValueError(f"{run_dir} holds a real run's checkpoints, and a smoke test starts fresh: it would delete them. "
                          f"Fix: smoke-test under another run_name (by default it is '{spec.preset}-smoke'), or leave smoke off "
@@ -248,11 +238,11 @@ def _guard_run_dir(spec:RunSpec, resume:bool, main:bool=True):
                          "another run_name for a new run, or delete that folder.")
     check_writable(run_dir)
     if spec.smoke and main:   # a smoke run always starts fresh (rank 0 clears the folder)
-        for d in (ckpt_dir, run_dir/'best'): shutil.rmtree(d, ignore_errors=True)
+        for d in (ckpt_dir, RunFolder(run_dir).best): shutil.rmtree(d, ignore_errors=True)
 
-def _run_info(spec, t, dev, tok_sha, man_sha, data_dir, resumed_from, init, objective, world:int=1) -> dict:
+def _run_info(spec, t, dev, tok_sha, man_sha, data_dir, resumed_from, init, objective, world:int=1) -> RunConfig:
     "What config.json records about a run."
-    return dict(preset=spec.preset, run_name=spec.run_name, smoke=spec.smoke, stage=t.stage, objective=type(objective).__name__,
+    return RunConfig(preset=spec.preset, run_name=spec.run_name, smoke=spec.smoke, stage=t.stage, objective=type(objective).__name__,
                 total_steps=t.max_steps, init_from=str(init) if init else None, model=config_to_dict(spec.model),
                 train=config_to_dict(t), objective_config=config_to_dict(spec.objective) if spec.objective else None, overrides={k: str(v) for k, v in spec.overrides.items()},
                 settings={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(spec.settings).items()},
@@ -301,29 +291,24 @@ def _setup_process(spec:RunSpec, ranks:Ranks, progress:bool):
     return share, tok_sha, man_sha
 
 # %% ../nbs/09_train.ipynb #a7699184
-def _resume_point(ckpt_dir:Path, resume:bool, ranks:Ranks) -> tuple[Path | None, list]:
-    "The newest checkpoint that verifies (None: start fresh), and the ones skipped; refuse when some exist and none verifies."
-    ckpt_path, skipped = latest_valid_checkpoint(ckpt_dir) if resume else (None, [])
-    if skipped and ckpt_path is None:   # never left by a crash (saves are atomic): refuse rather than train over them
-        (newest, why), n = skipped[0], len(skipped)
-        raise CheckpointError(f"{ckpt_dir} has {n} checkpoint{'s' * (n > 1)} and none verifies (newest, {newest.name}: {why}); "
-                              "nothing was changed. Fix: restore them with their .sha256 files, or move them out of "
-                              f"{ckpt_dir} to start the run over, or train under another run_name.")
+def _resume_point(run_dir:Path, resume:bool, ranks:Ranks) -> tuple[Path | None, list]:
+    "The newest checkpoint that verifies (None: start fresh), and the ones skipped; when some exist and none verifies, an error."
+    ckpt_path, skipped = pick_checkpoint(run_dir, 'latest') if resume else (None, [])   # (never left by a crash: nothing is trained over)
     if ranks.main:
         for p, why in skipped: print(f'skipping checkpoint {p}: {why}', file=sys.stderr)
     return ckpt_path, skipped
 
-def _restore(ck:dict, ckpt_path:Path, spec:RunSpec, model, opt, sched, ranks:Ranks) -> TrainState:
+def _restore(ck:Checkpoint, ckpt_path:Path, spec:RunSpec, model, opt, sched, ranks:Ranks) -> TrainState:
     "Continue from checkpoint `ck`: the optimizer, the schedule (under the current config), the RNGs and the loop's counters."
     t = spec.train
-    load_optimizer_state(model, opt, ck['optimizer']); sched.load_state_dict(ck['scheduler'])
+    load_optimizer_state(model, opt, ck.optimizer); sched.load_state_dict(ck.scheduler)
     # the schedule follows the current config (a resume may extend max_steps); unchanged config -> same floats
     sched.lr_lambdas[0] = WarmupCosine(t.lr, t.min_lr, t.warmup_steps, t.max_steps); sched.base_lrs = [t.lr] * len(opt.param_groups)
     for g in opt.param_groups: g['lr'] = t.lr * sched.lr_lambdas[0](sched.last_epoch)
-    restore_rng(ck, ranks)
-    st = TrainState(**ck['train_state'])
-    if ranks.main: print(f'resuming {spec.run_name} from {ckpt_path} (step {st.step})' + (f'; it was saved by {ck.get("world_size", 1)} '
-                         f'process(es), this run has {ranks.world}' if ck.get('world_size', 1) != ranks.world else ''), file=sys.stderr)
+    restore_rng(ck.to_dict(), ranks)
+    st = TrainState(**ck.train_state)
+    if ranks.main: print(f'resuming {spec.run_name} from {ckpt_path} (step {st.step})' + (f'; it was saved by {ck.world_size} '
+                         f'process(es), this run has {ranks.world}' if ck.world_size != ranks.world else ''), file=sys.stderr)
     return st
 
 # %% ../nbs/09_train.ipynb #6393254b
@@ -335,7 +320,7 @@ def _objective_and_model(spec:RunSpec, ranks:Ranks, tok_sha:str, cap) -> tuple:
         raise ValueError(f"{spec.stage.name} samples from the model, which the ranks of a sharded (FSDP2) MoE model cannot do apart. "
                          "Fix: train this stage on one process (nproc=1), or a dense model.")
     model = build_model(spec, data_dir)
-    init = load_init_weights(model, spec.train.init_from, tok_sha) if spec.train.init_from not in ('', SCRATCH) else None
+    init = load_init_weights(model, spec.train.init_from, tok_sha, data_dir) if spec.train.init_from not in ('', SCRATCH) else None
     objective.setup(model)                        # from the starting weights (reference models, DPO pairs)
     if (n := objective.steps()) is not None: spec.train = replace(spec.train, max_steps=cap(max(n, 1)))   # epochs -> steps (DPO: once its pairs exist)
     if not spec.smoke and ranks.main: warn_short_warmup(spec.train)
@@ -361,17 +346,17 @@ def train(preset:str='tiny',          # a name in `fsi_nb.config.PRESETS`
     spec.train = replace(spec.train, max_steps=cap(spec.train.max_steps))   # before the objective lays its schedule on the steps
     ranks = init_ranks(spec.device)               # torchrun's environment; a plain process is rank 0 of 1
     spec.device = ranks.device                    # under torchrun on GPUs: this rank's own
-    ckpt_dir, dev = spec.run_dir/'checkpoints', spec.device
+    dev = spec.device
     _guard_run_dir(spec, resume, ranks.main)
     share, tok_sha, man_sha = _setup_process(spec, ranks, progress)
     data_dir = spec.data_dir
     objective, model, init = _objective_and_model(spec, ranks, tok_sha, cap)
     t = spec.train
-    ckpt_path, skipped = _resume_point(ckpt_dir, resume, ranks)
-    ck = load_checkpoint(ckpt_path) if ckpt_path else None
+    ckpt_path, skipped = _resume_point(spec.run_dir, resume, ranks)
+    ck = read_checkpoint(ckpt_path) if ckpt_path else None
     if ck:
         _check_resume(ck, spec, tok_sha, man_sha, ckpt_path, data_dir, ranks.world)
-        model.load_state_dict(ck['model'])        # the full weights, before the ranks shard them
+        model.load_state_dict(ck.model)        # the full weights, before the ranks shard them
     if not activation_checkpointing(model, t.activation_checkpointing) and t.activation_checkpointing == 'moe':
         warnings.warn("activation_checkpointing='moe' on a dense model checkpoints nothing. Fix: 'all' (each block) or 'none'.")
     model = wrap_model(model, spec.model, ranks)  # DDP (dense) or FSDP2 (MoE) under torchrun; the model itself on one process
@@ -391,17 +376,17 @@ def train(preset:str='tiny',          # a name in `fsi_nb.config.PRESETS`
     return result
 
 # %% ../nbs/09_train.ipynb #22b6b8fc
-def _open_run_folder(spec:RunSpec, info:dict, st:TrainState):
+def _open_run_folder(spec:RunSpec, info:RunConfig, st:TrainState):
     "Rank 0 opens the run folder: the log cut back to the step it resumes from, config.json, and status 'running'."
-    truncate_log(spec.run_dir/'log.jsonl', st.step)   # steps from here on are trained again (all of them when no checkpoint survived)
-    write_json(spec.run_dir/'config.json', info)
-    write_json(spec.run_dir/'status.json', dict(state='running', pid=os.getpid(), host=info['host'], step=st.step,
-                                               total_steps=spec.train.max_steps, stage=spec.train.stage, started=time.time()))
+    truncate_log(RunFolder(spec.run_dir).log, st.step)   # steps from here on are trained again (all of them when no checkpoint survived)
+    write_config(spec.run_dir, info)
+    write_status(spec.run_dir, Status(state='running', pid=os.getpid(), host=info.host, step=st.step, total_steps=spec.train.max_steps,
+                                      stage=spec.train.stage, started=time.time()))
 
 def _record_error(spec:RunSpec, st:TrainState, e:BaseException):
     "status.json says how the run ended when the loop raised (best effort: the disk may be what failed)."
-    try: write_json(spec.run_dir/'status.json', dict(state='error', message=f'{type(e).__name__}: {e}', step=st.step,
-                                                    total_steps=spec.train.max_steps, ended=time.time()))
+    try: write_status(spec.run_dir, Status(state='error', message=f'{type(e).__name__}: {e}', step=st.step,
+                                           total_steps=spec.train.max_steps, ended=time.time()))
     except OSError: pass
 
 # %% ../nbs/09_train.ipynb #ee834730
@@ -427,11 +412,11 @@ def _train_under_torchrun(preset, run_name, resume, smoke, callback, progress, s
     started = time.time()
     try: code = launch(argv, nproc, spec.run_dir, callback=follow)
     finally: bar.close()
-    s = read_json(spec.run_dir/'status.json') or {}
-    if s.get('ended', 0) < started or s.get('state') in (None, 'running', 'error'):
+    s = read_status(spec.run_dir)
+    if (s.ended or 0) < started or s.state in (None, 'running', 'error'):
         raise LaunchError(f"torchrun ended (exit status {code}) without the run saying how it ended" +
-                          (f": {s['message']}" if s.get('state') == 'error' and s.get('ended', 0) >= started else "; the ranks' output above says why") +
-                          f". Fix what it names, then run again: it resumes from the last checkpoint in {spec.run_dir/'checkpoints'}.")
+                          (f": {s.message}" if s.state == 'error' and (s.ended or 0) >= started else "; the ranks' output above says why") +
+                          f". Fix what it names, then run again: it resumes from the last checkpoint in {RunFolder(spec.run_dir).checkpoints}.")
     return RunResult.from_status(spec.run_name, spec.run_dir, s)
 
 # %% ../nbs/09_train.ipynb #32f58085
@@ -524,19 +509,18 @@ def _budget_due(self:_Loop, now:float, step_s:float, save_s:float) -> bool:
 
 # %% ../nbs/09_train.ipynb #42d4eb3b
 @patch
-def _state(self:_Loop) -> dict:
+def _state(self:_Loop) -> Checkpoint:
     "The checkpoint's contents (every rank takes part: FSDP2 gathers the full state to rank 0, each rank sends its RNG state)."
     t, st, ranks = self.t, self.st, self.ranks
     rngs = ranks.gather(rng_state())
-    return dict(format='fsi_nb.checkpoint/2', step=st.step, loss=st.loss, model=full_model_state(self.model),
-                optimizer=full_optimizer_state(self.model, self.opt), scheduler=self.sched.state_dict(),
-                config=dict(model=config_to_dict(self.spec.model), train=config_to_dict(t), objective=self.info['objective_config']),
-                args=dict(preset=self.spec.preset, run_name=self.spec.run_name, smoke=self.spec.smoke, overrides=self.info['overrides']),
-                rng=rngs[0], token_offset=st.tokens, data=dict(seed=t.seed, stage=t.stage, step=st.step, token_offset=st.tokens),
-                objective=self.info['objective'], init_from=self.info['init_from'],
-                tokenizer_sha256=self.info['data']['tokenizer_sha256'], manifest_sha256=self.info['data']['manifest_sha256'],
-                train_state=dict(vars(st), elapsed_seconds=self._elapsed()), torch_version=str(torch.__version__),
-                git_commit=self.info['git_commit'], world_size=ranks.world, **(dict(rng_ranks=rngs) if ranks.world > 1 else {}))
+    return Checkpoint(step=st.step, loss=st.loss, model=full_model_state(self.model), optimizer=full_optimizer_state(self.model, self.opt),
+                      scheduler=self.sched.state_dict(), model_config=self.spec.model, train_config=t, objective_config=self.info.objective_config,
+                      args=dict(preset=self.spec.preset, run_name=self.spec.run_name, smoke=self.spec.smoke, overrides=self.info.overrides),
+                      rng=rngs[0], token_offset=st.tokens, data=dict(seed=t.seed, stage=t.stage, step=st.step, token_offset=st.tokens),
+                      objective=self.info.objective, init_from=self.info.init_from,
+                      tokenizer_sha256=self.info.data['tokenizer_sha256'], manifest_sha256=self.info.data['manifest_sha256'],
+                      train_state=dict(vars(st), elapsed_seconds=self._elapsed()), torch_version=str(torch.__version__),
+                      git_commit=self.info.git_commit, world_size=ranks.world, rng_ranks=rngs if ranks.world > 1 else None)
 
 @patch
 def _elapsed(self:_Loop): return self.st.elapsed_seconds + time.perf_counter() - self.t_start
@@ -544,11 +528,10 @@ def _elapsed(self:_Loop): return self.st.elapsed_seconds + time.perf_counter() -
 @patch
 def _save(self:_Loop, best:bool=False) -> float:
     t0 = time.perf_counter()
-    d, keep = (self.run_dir/'best', 1) if best else (self.run_dir/'checkpoints', self.t.keep_checkpoints)
     check_replicas(self.model, self.ranks)   # under torchrun: the ranks' router biases still agree
-    state, path, failed = self._state(), checkpoint_path(d, self.st.step), None
+    state, path, failed = self._state(), RunFolder(self.run_dir).checkpoint(self.st.step, best), None
     if self.ranks.main:   # rank 0 writes; the others learn whether it could, and stop with it if not
-        try: path = save_checkpoint(state, d, self.st.step, keep=keep, keep_every=0 if best else self.t.keep_every)
+        try: path = save_run_checkpoint(self.run_dir, state, best, keep=self.t.keep_checkpoints, keep_every=self.t.keep_every)
         except CheckpointError as e: failed = e
     if self.ranks.max(failed is not None)[0]:
         raise failed or CheckpointError(f'rank 0 could not write checkpoint {path} (its message says why)')
@@ -565,7 +548,7 @@ def _validate(self:_Loop) -> dict:
     better = st.best is None or (score > st.best[obj.metric] if obj.higher_is_better else score < st.best[obj.metric])
     if better and math.isfinite(score):
         st.best, st.evals_since_best = {'step': st.step, obj.metric: score}, 0
-        st.best['checkpoint'] = str(checkpoint_path(self.run_dir/'best', st.step))
+        st.best['checkpoint'] = str(RunFolder(self.run_dir).checkpoint(st.step, best=True))
         self.best_pending = True   # saved after this step's rolling checkpoint, which matters more
     else: st.evals_since_best += 1
     st.evals.append(dict(step=st.step, **val))
@@ -608,7 +591,7 @@ def result(self:_Loop, skipped) -> RunResult:
            'early_stop': f'stopped early at step {st.step}/{total}: {t.early_stop_patience} validations without a better '
                          f'{self.objective.metric} than step {st.best and st.best["step"]}'}[self.stopped]
     msg += f'; checkpoint {self.checkpoint}' if self.checkpoint else ''
-    status = dict(state=self.stopped, message=msg, step=st.step, total_steps=total, loss=st.loss,
+    status = Status(state=self.stopped, message=msg, step=st.step, total_steps=total, loss=st.loss,
                   stage=t.stage, checkpoint=str(self.checkpoint) if self.checkpoint else None, best=st.best, metric=self.objective.metric,
                   higher_is_better=self.objective.higher_is_better, evals=st.evals, tokens_per_sec=tps, ended=time.time(), pid=os.getpid(),
                   avg_loss=st.avg_loss, tokens=st.tokens, bad_steps=st.bad_steps, timings=self.timings, signum=self.signum,
@@ -616,7 +599,7 @@ def result(self:_Loop, skipped) -> RunResult:
     if self.ranks.main:
         print(f'{self.spec.run_name}: {msg}. loss {st.loss if st.loss is None else round(st.loss, 4)}, '
               f'{tps:,.0f} tokens/s this session', file=sys.stderr)
-        write_json(self.run_dir/'status.json', status)
+        write_status(self.run_dir, status)
     return RunResult.from_status(self.spec.run_name, self.run_dir, status, skipped, unwrap(self.model))
 
 # %% ../nbs/09_train.ipynb #05ff1f1f

@@ -6,7 +6,8 @@ import json, math, subprocess, sys
 import pytest, torch
 
 from fsi_nb.attention import _code_like_ids
-from fsi_nb.evaluate import load_run, validation_loss
+from fsi_nb.evaluate import validation_loss
+from fsi_nb.run_folder import load_run
 from fsi_nb.model import FSIEdgeModel
 from fsi_nb.moe import MoEFFN
 from test_model import small_cfg   # the model tests' size: Helix merges often at T=300, 8 experts in two populations

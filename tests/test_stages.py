@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest, torch
 
 from fsi_nb.config import STAGES
-from fsi_nb.checkpoint import load_checkpoint, final_checkpoint
+from fsi_nb.checkpoint import load_checkpoint
+from fsi_nb.run_folder import pick_checkpoint
 
 SMALL = ['--preset', 'tiny', '--set', 'd_model=32', '--set', 'warmup_steps=1', '--batch-size', '2', '--seq-len', '64',
          '--log-interval', '1', '--save-interval', '2', '--threads', '1', '--no-progress', '--set', 'eval_batches=1',
@@ -37,7 +38,7 @@ def test_whole_chain_smoke_from_one_command(prepared_data, tmp_path):
     assert table.count('finished') == len(names), table
     for prev, stage in zip(names, names[1:]):
         cfg = json.loads((pdir/stage/'config.json').read_text())
-        assert cfg['init_from'] == str(final_checkpoint(pdir/prev)), (stage, cfg['init_from'])
+        assert cfg['init_from'] == str(pick_checkpoint(pdir/prev)[0]), (stage, cfg['init_from'])
         assert cfg['stage'] == stage and cfg['objective']
     assert json.loads((pdir/'stage5'/'config.json').read_text())['model']['rope_base'] == STAGES['stage5'].model['rope_base']
     # the starting weights of a stage are the previous stage's final ones: stage2's first validation equals stage1b's last
@@ -62,7 +63,7 @@ def test_kill_9_inside_a_stage_resumes_exactly(prepared_data, tmp_path, stage):
     assert 'stage1 is done (finished); not re-run' in r.stdout and f'resuming p/{stage} from' in r.stderr, (r.stdout, r.stderr[-2000:])
     for s in ('stage1', stage):
         assert numbers(records(tmp_path/'k'/'p'/s)) == numbers(records(tmp_path/'ref'/'p'/s)), s
-    a, b = (load_checkpoint(final_checkpoint(d/'p'/stage))['model'] for d in (tmp_path/'ref', tmp_path/'k'))
+    a, b = (load_checkpoint(pick_checkpoint(d/'p'/stage)[0])['model'] for d in (tmp_path/'ref', tmp_path/'k'))
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 def test_sft_stage_trains_on_the_reply_only(prepared_data, tmp_path):
@@ -143,7 +144,7 @@ def test_a_new_stage_is_one_row(prepared_data, tmp_path, monkeypatch):
     res = run_pipeline('stage1,stage2x', name='new', progress=False, max_steps=3, **small)
     assert list(res.table.state) == ['finished', 'finished'] and list(res.table.steps) == [3, 3]   # epochs capped by max_steps
     cfg = json.loads((res.pipeline_dir/'stage2x'/'config.json').read_text())
-    assert cfg['objective_config']['kinds'] == ['explain'] and cfg['init_from'] == str(final_checkpoint(res.pipeline_dir/'stage1'))
+    assert cfg['objective_config']['kinds'] == ['explain'] and cfg['init_from'] == str(pick_checkpoint(res.pipeline_dir/'stage1')[0])
 
 def test_max_steps_with_stages_is_pretraining_and_a_cap(prepared_data, tmp_path):
     "--max-steps N: the pretraining stage trains N, an epoch-based stage at most N (its own number when smaller)."

@@ -3,7 +3,7 @@ import shutil
 
 import pytest
 
-from fsi_nb.evaluate import load_run
+from fsi_nb.run_folder import load_run
 from fsi_nb.tokenizer import train_tokenizer
 from fsi_nb.checkpoint import list_checkpoints
 from test_train import cli, run

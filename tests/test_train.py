@@ -68,7 +68,7 @@ def test_kill_9_at_random_steps_then_resume_is_bit_exact(prepared_data, tmp_path
 def test_loaded_checkpoint_reproduces_the_logged_loss(prepared_data, tmp_path):
     "`load_run` gives back the model that trained: on a step's own batch it computes the loss the log recorded, bit for bit."
     from fsi_nb.batches import Batcher
-    from fsi_nb.evaluate import load_run
+    from fsi_nb.run_folder import load_run
     r = run(cli(prepared_data, tmp_path, 'e', '--save-interval', '1', '--set', 'precision=fp32', steps=4))
     assert r.returncode == 0, r.stderr
     rec = records(tmp_path/'e')
