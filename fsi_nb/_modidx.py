@@ -143,6 +143,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'fsi_nb.config.TrainConfig': ('config.html#trainconfig', 'fsi_nb/config.py'),
                                'fsi_nb.config.TrainConfig.__post_init__': ('config.html#trainconfig.__post_init__', 'fsi_nb/config.py'),
                                'fsi_nb.config.TrainConfig.tokens_per_step': ('config.html#trainconfig.tokens_per_step', 'fsi_nb/config.py'),
+                               'fsi_nb.config.TrainConfig.validate': ('config.html#trainconfig.validate', 'fsi_nb/config.py'),
                                'fsi_nb.config._assigned': ('config.html#_assigned', 'fsi_nb/config.py'),
                                'fsi_nb.config._check': ('config.html#_check', 'fsi_nb/config.py'),
                                'fsi_nb.config._coerce': ('config.html#_coerce', 'fsi_nb/config.py'),

@@ -8,6 +8,8 @@ import configparser, os
 from dataclasses import dataclass, field, asdict, replace, fields
 from pathlib import Path
 
+from fastcore.basics import patch
+
 # %% auto #0
 __all__ = ['OBJECTIVE_CONFIGS', 'LOSS_CHUNK_LOGITS', 'PRESETS', 'PRETRAINING_MIX', 'FINAL_MIX', 'FIM_MIX', 'STAGES',
            'FSIEdgeConfig', 'TrainConfig', 'SFTConfig', 'GRPOConfig', 'DPOConfig', 'loss_chunk_rows', 'Preset',
@@ -64,33 +66,35 @@ class FSIEdgeConfig:
     @property
     def is_moe(self): return self.n_routed > 0
 
-    def validate(self):
-        "Raise a `ValueError` naming the first bad field and how to fix it."
-        for f in ('vocab_size', 'd_model', 'n_layers', 'kv_heads', 'max_seq_len', 'window_size', 'struct_lines'):
-            _check(getattr(self, f) > 0, f, getattr(self, f), 'must be positive', f'set {f} >= 1')
-        _check(self.n_heads % self.kv_heads == 0, 'kv_heads', self.kv_heads,
-               f'n_heads={self.n_heads} is not divisible by kv_heads', 'choose kv_heads among the divisors of n_heads')
-        _check(self.d_model % self.n_heads == 0, 'd_model', self.d_model,
-               f'not divisible by n_heads={self.n_heads}', 'make d_model a multiple of n_heads')
-        _check(self.head_dim % 2 == 0, 'd_model', self.d_model, f'head_dim={self.head_dim} is odd and RoPE rotates pairs',
-               'choose d_model so that d_model // n_heads is even')
-        kinds = dict(local_heads=self.local_heads, struct_heads=self.struct_heads, global_heads=self.global_heads)
-        for k, v in kinds.items(): _check(v >= 0, k, v, 'must not be negative', f'set {k} >= 0 or None to auto-balance')
-        _check(sum(kinds.values()) == self.n_heads, 'local_heads+struct_heads+global_heads', sum(kinds.values()),
-               f'must equal n_heads={self.n_heads}', 'leave them None to auto-balance (n/2, n/4, n/4) or make them add up')
-        _check(0 <= self.dropout < 1, 'dropout', self.dropout, 'must be in [0, 1)', 'use e.g. 0.0 or 0.1')
-        if not self.is_moe:
-            _check(self.d_ff > 0, 'd_ff', self.d_ff, 'a dense model needs a positive FFN size', 'set d_ff (e.g. 4*d_model) or n_routed > 0')
-            return
-        p = self.n_populations
-        _check(p >= 1, 'n_populations', p, 'must be positive', 'use 2 (Sheldon and Spock) or 1')
-        _check(self.n_routed % p == 0, 'n_routed', self.n_routed, f'not divisible by n_populations={p}',
-               f'use a multiple of {p} routed experts')
-        _check(0 < self.top_k <= self.n_routed, 'top_k', self.top_k, f'must be in 1..n_routed={self.n_routed}', 'pick top_k within that range')
-        _check(self.top_k % p == 0, 'top_k', self.top_k, f'each of the {p} populations picks top_k/{p} experts',
-               f'use a multiple of {p}, e.g. {max(p, self.top_k - self.top_k % p)}')
-        _check(self.expert_d_ff > 0, 'expert_d_ff', self.expert_d_ff, 'an MoE model needs a positive expert size', 'set expert_d_ff (e.g. 128)')
-        _check(self.n_shared >= 0, 'n_shared', self.n_shared, 'must not be negative', 'set n_shared >= 0')
+# %% ../nbs/00_config.ipynb #539a314a
+@patch
+def validate(self:FSIEdgeConfig):
+    "Raise a `ValueError` naming the first bad field and how to fix it."
+    for f in ('vocab_size', 'd_model', 'n_layers', 'kv_heads', 'max_seq_len', 'window_size', 'struct_lines'):
+        _check(getattr(self, f) > 0, f, getattr(self, f), 'must be positive', f'set {f} >= 1')
+    _check(self.n_heads % self.kv_heads == 0, 'kv_heads', self.kv_heads,
+           f'n_heads={self.n_heads} is not divisible by kv_heads', 'choose kv_heads among the divisors of n_heads')
+    _check(self.d_model % self.n_heads == 0, 'd_model', self.d_model,
+           f'not divisible by n_heads={self.n_heads}', 'make d_model a multiple of n_heads')
+    _check(self.head_dim % 2 == 0, 'd_model', self.d_model, f'head_dim={self.head_dim} is odd and RoPE rotates pairs',
+           'choose d_model so that d_model // n_heads is even')
+    kinds = dict(local_heads=self.local_heads, struct_heads=self.struct_heads, global_heads=self.global_heads)
+    for k, v in kinds.items(): _check(v >= 0, k, v, 'must not be negative', f'set {k} >= 0 or None to auto-balance')
+    _check(sum(kinds.values()) == self.n_heads, 'local_heads+struct_heads+global_heads', sum(kinds.values()),
+           f'must equal n_heads={self.n_heads}', 'leave them None to auto-balance (n/2, n/4, n/4) or make them add up')
+    _check(0 <= self.dropout < 1, 'dropout', self.dropout, 'must be in [0, 1)', 'use e.g. 0.0 or 0.1')
+    if not self.is_moe:
+        _check(self.d_ff > 0, 'd_ff', self.d_ff, 'a dense model needs a positive FFN size', 'set d_ff (e.g. 4*d_model) or n_routed > 0')
+        return
+    p = self.n_populations
+    _check(p >= 1, 'n_populations', p, 'must be positive', 'use 2 (Sheldon and Spock) or 1')
+    _check(self.n_routed % p == 0, 'n_routed', self.n_routed, f'not divisible by n_populations={p}',
+           f'use a multiple of {p} routed experts')
+    _check(0 < self.top_k <= self.n_routed, 'top_k', self.top_k, f'must be in 1..n_routed={self.n_routed}', 'pick top_k within that range')
+    _check(self.top_k % p == 0, 'top_k', self.top_k, f'each of the {p} populations picks top_k/{p} experts',
+           f'use a multiple of {p}, e.g. {max(p, self.top_k - self.top_k % p)}')
+    _check(self.expert_d_ff > 0, 'expert_d_ff', self.expert_d_ff, 'an MoE model needs a positive expert size', 'set expert_d_ff (e.g. 128)')
+    _check(self.n_shared >= 0, 'n_shared', self.n_shared, 'must not be negative', 'set n_shared >= 0')
 
 # %% ../nbs/00_config.ipynb #917d518e
 @dataclass
@@ -128,27 +132,33 @@ class TrainConfig:
     activation_checkpointing: str = 'none'  # recompute in backward rather than keep: 'moe' (each MoE layer), 'all' (each block) or 'none'
 
     def __post_init__(self):
-        for f in ('batch_size', 'grad_accum', 'seq_len', 'max_steps', 'log_interval', 'save_interval', 'keep_checkpoints', 'max_bad_steps'):
-            _check(getattr(self, f) > 0, f, getattr(self, f), 'must be positive', f'set {f} >= 1')
-        _check(self.warmup_steps >= 0, 'warmup_steps', self.warmup_steps, 'must not be negative', 'set warmup_steps >= 0')
-        _check(0 <= self.seed < 2**32, 'seed', self.seed, 'must be in [0, 2**32)', 'use e.g. 1337')
-        _check(0 < self.lr, 'lr', self.lr, 'must be positive', 'use e.g. 3e-4')
-        _check(0 <= self.min_lr <= self.lr, 'min_lr', self.min_lr, f'must be in [0, lr={self.lr}]', 'use e.g. 1e-5')
-        _check(self.precision in ('auto', 'fp32', 'bf16'), 'precision', self.precision, 'unknown precision', "use 'auto', 'fp32' or 'bf16'")
-        _check(self.device in ('auto', 'cpu', 'cuda') or self.device.startswith('cuda:'), 'device', self.device,
-               'unknown device', "use 'auto', 'cpu' or 'cuda'")
-        _check(self.budget_hours is None or self.budget_hours > 0, 'budget_hours', self.budget_hours, 'must be positive', 'use None for no budget')
         self.seq_curriculum = tuple(self.seq_curriculum)
-        for f in ('eval_interval', 'eval_batches'):
-            _check(getattr(self, f) > 0, f, getattr(self, f), 'must be positive', f'set {f} >= 1')
-        for f in ('early_stop_patience', 'keep_every'):
-            _check(getattr(self, f) >= 0, f, getattr(self, f), 'must not be negative', f'set {f} >= 0 (0 switches it off)')
-        _check(self.activation_checkpointing in ('none', 'moe', 'all'), 'activation_checkpointing', self.activation_checkpointing,
-               'unknown mode', "use 'none', 'moe' (each MoE layer) or 'all' (each block)")
-        for s in self.seq_curriculum: _check(s > 0, 'seq_curriculum', self.seq_curriculum, 'lengths must be positive', 'e.g. (128, 256, 512)')
+        self.validate()
 
     @property
     def tokens_per_step(self): return self.batch_size * self.grad_accum * self.seq_len
+
+# %% ../nbs/00_config.ipynb #0508abd9
+@patch
+def validate(self:TrainConfig):
+    "Raise a `ValueError` naming the first bad field and how to fix it."
+    for f in ('batch_size', 'grad_accum', 'seq_len', 'max_steps', 'log_interval', 'save_interval', 'keep_checkpoints', 'max_bad_steps'):
+        _check(getattr(self, f) > 0, f, getattr(self, f), 'must be positive', f'set {f} >= 1')
+    _check(self.warmup_steps >= 0, 'warmup_steps', self.warmup_steps, 'must not be negative', 'set warmup_steps >= 0')
+    _check(0 <= self.seed < 2**32, 'seed', self.seed, 'must be in [0, 2**32)', 'use e.g. 1337')
+    _check(0 < self.lr, 'lr', self.lr, 'must be positive', 'use e.g. 3e-4')
+    _check(0 <= self.min_lr <= self.lr, 'min_lr', self.min_lr, f'must be in [0, lr={self.lr}]', 'use e.g. 1e-5')
+    _check(self.precision in ('auto', 'fp32', 'bf16'), 'precision', self.precision, 'unknown precision', "use 'auto', 'fp32' or 'bf16'")
+    _check(self.device in ('auto', 'cpu', 'cuda') or self.device.startswith('cuda:'), 'device', self.device,
+           'unknown device', "use 'auto', 'cpu' or 'cuda'")
+    _check(self.budget_hours is None or self.budget_hours > 0, 'budget_hours', self.budget_hours, 'must be positive', 'use None for no budget')
+    for f in ('eval_interval', 'eval_batches'):
+        _check(getattr(self, f) > 0, f, getattr(self, f), 'must be positive', f'set {f} >= 1')
+    for f in ('early_stop_patience', 'keep_every'):
+        _check(getattr(self, f) >= 0, f, getattr(self, f), 'must not be negative', f'set {f} >= 0 (0 switches it off)')
+    _check(self.activation_checkpointing in ('none', 'moe', 'all'), 'activation_checkpointing', self.activation_checkpointing,
+           'unknown mode', "use 'none', 'moe' (each MoE layer) or 'all' (each block)")
+    for s in self.seq_curriculum: _check(s > 0, 'seq_curriculum', self.seq_curriculum, 'lengths must be positive', 'e.g. (128, 256, 512)')
 
 # %% ../nbs/00_config.ipynb #b0ab052f
 def _positive(cfg, *names):
