@@ -6,6 +6,7 @@
 from __future__ import annotations
 import logging
 import numpy as np, torch
+from fastcore.basics import patch
 from .config import DataMix, PRETRAINING_MIX
 from .tokenizer import SPECIAL_TOKENS, load_tokenizer, tokenizer_sha256
 from .shards import CATEGORIES, manifest_path, manifest_sha256, verify_manifest
@@ -75,46 +76,55 @@ class Batcher:
 
     def __getstate__(self): return {k: v for k, v in self.__dict__.items() if k != '_maps'} | {'_maps': {}}
 
-    def weights(self, step:int) -> dict:
-        "The data mix at `step`, over the categories this split has tokens for."
-        mix = self.mix.weights
-        w = mix_for_step(step, self.max_steps) if mix is None else dict(MIX_PHASES[-1][1]) if mix == 'final' else dict(mix)
-        have = {c: v for c, v in w.items() if self.total[c] > 0}
-        if not have: raise ValueError(f"this mix needs {list(w)} tokens but {self.root} ({self.split}) has none. Fix: prepare with the sources for them.")
-        if len(have) < len(w) and frozenset(w) not in self._warned:
-            self._warned.add(frozenset(w)); log.warning('no %s tokens in %s; mixing %s only', sorted(set(w) - set(have)), self.split, sorted(have))
-        z = sum(have.values())
-        return {c: v / z for c, v in have.items()}
+# %% ../nbs/03g_batches.ipynb #d3843bdb
+@patch
+def weights(self:Batcher, step:int) -> dict:
+    "The data mix at `step`, over the categories this split has tokens for."
+    mix = self.mix.weights
+    w = mix_for_step(step, self.max_steps) if mix is None else dict(MIX_PHASES[-1][1]) if mix == 'final' else dict(mix)
+    have = {c: v for c, v in w.items() if self.total[c] > 0}
+    if not have: raise ValueError(f"this mix needs {list(w)} tokens but {self.root} ({self.split}) has none. Fix: prepare with the sources for them.")
+    if len(have) < len(w) and frozenset(w) not in self._warned:
+        self._warned.add(frozenset(w)); log.warning('no %s tokens in %s; mixing %s only', sorted(set(w) - set(have)), self.split, sorted(have))
+    z = sum(have.values())
+    return {c: v / z for c, v in have.items()}
 
-    def _read(self, cat:str, start:int, n:int) -> np.ndarray:
-        out, starts = [], self._starts[cat]
-        k = int(np.searchsorted(starts, start, side='right') - 1)
-        while n > 0 and k < len(self.shards[cat]):
-            if (cat, k) not in self._maps: self._maps[cat, k] = np.memmap(self.root/self.shards[cat][k]['file'], dtype=np.uint16, mode='r')
-            piece = self._maps[cat, k][start - starts[k]:start - starts[k] + n]
-            out.append(piece); n -= len(piece); start += len(piece); k += 1
-        return np.concatenate(out).astype(np.int64)
+# %% ../nbs/03g_batches.ipynb #c391c2d1
+@patch
+def _read(self:Batcher, cat:str, start:int, n:int) -> np.ndarray:
+    out, starts = [], self._starts[cat]
+    k = int(np.searchsorted(starts, start, side='right') - 1)
+    while n > 0 and k < len(self.shards[cat]):
+        if (cat, k) not in self._maps: self._maps[cat, k] = np.memmap(self.root/self.shards[cat][k]['file'], dtype=np.uint16, mode='r')
+        piece = self._maps[cat, k][start - starts[k]:start - starts[k] + n]
+        out.append(piece); n -= len(piece); start += len(piece); k += 1
+    return np.concatenate(out).astype(np.int64)
 
-    def _draw(self, step, micro, batch_size):
-        extra = [] if self.mix.seed_code is None else [self.mix.seed_code]
-        rng = np.random.default_rng([self.seed, _SPLIT_CODE[self.split], step, micro, *extra])
-        w = self.weights(step); cats = list(w)
-        return rng, [cats[i] for i in rng.choice(len(cats), size=batch_size, p=np.array(list(w.values())))]
+# %% ../nbs/03g_batches.ipynb #6587ff49
+@patch
+def _draw(self:Batcher, step, micro, batch_size):
+    extra = [] if self.mix.seed_code is None else [self.mix.seed_code]
+    rng = np.random.default_rng([self.seed, _SPLIT_CODE[self.split], step, micro, *extra])
+    w = self.weights(step); cats = list(w)
+    return rng, [cats[i] for i in rng.choice(len(cats), size=batch_size, p=np.array(list(w.values())))]
 
-    def categories(self, step:int, micro:int, batch_size:int) -> list[str]:
-        "The category of each row of `get_batch(step, micro, batch_size, ...)`."
-        return self._draw(step, micro, batch_size)[1]
+@patch
+def categories(self:Batcher, step:int, micro:int, batch_size:int) -> list[str]:
+    "The category of each row of `get_batch(step, micro, batch_size, ...)`."
+    return self._draw(step, micro, batch_size)[1]
 
-    def get_batch(self, step:int, micro:int, batch_size:int, seq_len:int) -> dict:
-        "`input_ids` and `labels` (LongTensor[batch_size, seq_len]) for micro-batch `micro` of optimizer step `step`."
-        rng, cats = self._draw(step, micro, batch_size)
-        x = np.full((batch_size, seq_len), self.pad_id, dtype=np.int64); y = np.full((batch_size, seq_len), -100, dtype=np.int64)
-        for b, cat in enumerate(cats):
-            start = int(rng.integers(0, max(self.total[cat] - seq_len, 0) + 1))
-            row = self._read(cat, start, seq_len)
-            if self.mix.fim_rate and cat == 'code': row = fim_permute(row, rng, self.special, self.mix.fim_rate)
-            x[b, :len(row)] = row; y[b, :len(row)] = row
-        return dict(input_ids=torch.from_numpy(x), labels=torch.from_numpy(y))
+# %% ../nbs/03g_batches.ipynb #9ff01ad1
+@patch
+def get_batch(self:Batcher, step:int, micro:int, batch_size:int, seq_len:int) -> dict:
+    "`input_ids` and `labels` (LongTensor[batch_size, seq_len]) for micro-batch `micro` of optimizer step `step`."
+    rng, cats = self._draw(step, micro, batch_size)
+    x = np.full((batch_size, seq_len), self.pad_id, dtype=np.int64); y = np.full((batch_size, seq_len), -100, dtype=np.int64)
+    for b, cat in enumerate(cats):
+        start = int(rng.integers(0, max(self.total[cat] - seq_len, 0) + 1))
+        row = self._read(cat, start, seq_len)
+        if self.mix.fim_rate and cat == 'code': row = fim_permute(row, rng, self.special, self.mix.fim_rate)
+        x[b, :len(row)] = row; y[b, :len(row)] = row
+    return dict(input_ids=torch.from_numpy(x), labels=torch.from_numpy(y))
 
 # %% ../nbs/03g_batches.ipynb #857a0f04
 def global_micro(micro:int,      # this rank's micro-batch, 0 .. grad_accum-1

@@ -50,6 +50,7 @@ def rank_seed(seed:int, # the run's seed
 class CheckpointError(RuntimeError):
     "A checkpoint could not be written, or did not verify."
 
+# %% ../nbs/08a_checkpoint.ipynb #4e89da19
 def _fsync_dir(d):
     try:
         fd = os.open(d, os.O_RDONLY)
@@ -68,10 +69,12 @@ def write_atomic(path:Path, data):
     except BaseException:
         tmp.unlink(missing_ok=True); raise
 
+# %% ../nbs/08a_checkpoint.ipynb #2dbe5bd2
 def checkpoint_path(ckpt_dir, step:int) -> Path:
     "Where the checkpoint after `step` optimizer steps lives."
     return Path(ckpt_dir)/f'step_{step:07d}.pt'
 
+# %% ../nbs/08a_checkpoint.ipynb #2f77203e
 def _step_of(path:Path) -> int: return int(path.stem.split('_')[1])   # the step `checkpoint_path` put in the name
 
 def list_checkpoints(ckpt_dir) -> list[Path]:
@@ -79,12 +82,14 @@ def list_checkpoints(ckpt_dir) -> list[Path]:
     d = Path(ckpt_dir)
     return sorted(d.glob('step_*.pt'), key=_step_of) if d.exists() else []
 
+# %% ../nbs/08a_checkpoint.ipynb #fd351f7f
 def disk_error(e:OSError) -> str:
     "What a failed write ran into, in words, with its errno."
     why = {errno.ENOSPC: 'the disk is full', errno.EFBIG: 'the file is larger than this process may write',
            errno.EDQUOT: 'the disk quota is exceeded'}.get(e.errno, e.strerror or str(e))
     return f'{why} [errno {e.errno}]'
 
+# %% ../nbs/08a_checkpoint.ipynb #22736725
 def save_checkpoint(state:dict,     # what to save (tensors, dicts, lists, numbers, strings)
                     ckpt_dir,       # the run's checkpoints/ folder
                     step:int,       # optimizer steps done; names the file
@@ -119,6 +124,7 @@ def save_checkpoint(state:dict,     # what to save (tensors, dicts, lists, numbe
         if not orphan.with_suffix('').exists(): orphan.unlink(missing_ok=True)
     return path
 
+# %% ../nbs/08a_checkpoint.ipynb #b41d2c3b
 def verify_checkpoint(path) -> str | None:
     "None when `path` matches its SHA-256 file; otherwise the reason it does not."
     path = Path(path)
@@ -131,6 +137,7 @@ def verify_checkpoint(path) -> str | None:
     if got != want: return f'SHA-256 mismatch (file {got[:12]}..., expected {want[:12]}...): truncated or corrupted'
     return None
 
+# %% ../nbs/08a_checkpoint.ipynb #7f1751fa
 def load_checkpoint(path, map_location='cpu') -> dict:
     "Verify `path` against its SHA-256, then load it (`weights_only`: a checkpoint cannot run code)."
     why = verify_checkpoint(path)
@@ -138,6 +145,7 @@ def load_checkpoint(path, map_location='cpu') -> dict:
                                   "to pick the newest good one, or delete this file.")
     return torch.load(path, map_location=map_location, weights_only=True)
 
+# %% ../nbs/08a_checkpoint.ipynb #ab01ac01
 def latest_valid_checkpoint(ckpt_dir) -> tuple[Path | None, list[tuple[Path, str]]]:
     "The newest checkpoint that verifies, and the newer ones skipped with the reason why."
     skipped = []

@@ -16,7 +16,7 @@ from .sizing import has_widget_frontend  # one detector of a live widget fronten
 from .run_folder import RunFolder, RunConfig, Status, read_config, read_status
 
 # %% auto #0
-__all__ = ['LogTail', 'read_log', 'eta_seconds', 'summary_line', 'plot_training', 'plot_routing', 'fig_png', 'Dashboard', 'watch',
+__all__ = ['LogTail', 'read_log', 'eta_seconds', 'fig_png', 'summary_line', 'plot_training', 'plot_routing', 'Dashboard', 'watch',
            'lab_copies', 'main']
 
 # %% ../nbs/10_dashboard.ipynb #0b0a7e2b
@@ -60,6 +60,16 @@ def eta_seconds(records:list[dict], total_steps:int|None, window:int=10) -> floa
     if b['step'] <= a['step'] or b['time'] <= a['time']: return None
     return max(0.0, (total_steps - 1 - b['step']) * (b['time'] - a['time']) / (b['step'] - a['step']))
 
+# %% ../nbs/10_dashboard.ipynb #0c2f066f
+def fig_png(fig:Figure, path=None, dpi:int=90) -> bytes:
+    "PNG bytes of `fig` (no pyplot, no GUI backend); also written to `path` when given."
+    buf = io.BytesIO(); fig.savefig(buf, format='png', dpi=dpi)
+    data = buf.getvalue()
+    if path is not None:
+        tmp = Path(str(path) + '.tmp'); tmp.write_bytes(data); os.replace(tmp, path)
+    return data
+
+# %% ../nbs/10_dashboard.ipynb #ddde5813
 def _fmt_s(s):
     if s is None: return '?'
     s = int(s)
@@ -78,6 +88,7 @@ def summary_line(rec:dict, total_steps:int|None=None, eta:float|None=None) -> st
                 f"overlap {max(r['population_overlap']):.3f}")
     return s
 
+# %% ../nbs/10_dashboard.ipynb #a61a79fa
 def plot_training(df:pd.DataFrame, title:str='', vocab_size:int|None=32768) -> Figure:
     "Loss with its moving average and held-out validations, learning rate, gradient norm and tokens/s over steps."
     fig = Figure(figsize=(11, 6), layout='constrained')
@@ -97,6 +108,7 @@ def plot_training(df:pd.DataFrame, title:str='', vocab_size:int|None=32768) -> F
     if title: fig.suptitle(title)
     return fig
 
+# %% ../nbs/10_dashboard.ipynb #e4d96a56
 def plot_routing(df:pd.DataFrame, title:str='') -> Figure | None:
     "MoE routing health: expert-load heatmap (layers x experts) of the last record, dead experts, entropy, overlap."
     if 'routing' not in df or df.routing.dropna().empty: return None
@@ -119,14 +131,6 @@ def plot_routing(df:pd.DataFrame, title:str='') -> Figure | None:
     if title: fig.suptitle(title)
     return fig
 
-def fig_png(fig:Figure, path=None, dpi:int=90) -> bytes:
-    "PNG bytes of `fig` (no pyplot, no GUI backend); also written to `path` when given."
-    buf = io.BytesIO(); fig.savefig(buf, format='png', dpi=dpi)
-    data = buf.getvalue()
-    if path is not None:
-        tmp = Path(str(path) + '.tmp'); tmp.write_bytes(data); os.replace(tmp, path)
-    return data
-
 # %% ../nbs/10_dashboard.ipynb #fc7ef77c
 class Dashboard:
     "Live view of a run: call it with each log record (a `train` callback), then `finish()` for the final PNGs."
@@ -147,79 +151,95 @@ class Dashboard:
         self._printed_step = None
         self._w, self.note = None, ''
 
-    def _widgets(self):
-        import ipywidgets as W
-        from IPython.display import display
-        hidden = lambda: W.Layout(display='none')   # an Image with no picture yet is a broken-image icon: shown once it has one
-        self._w = dict(head=W.HTML(), train=W.Image(format='png', layout=hidden()), routing=W.Image(format='png', layout=hidden()))
-        display(W.VBox([self._w['head'], self._w['train'], self._w['routing']]))
+# %% ../nbs/10_dashboard.ipynb #69958b21
+@patch
+def _widgets(self:Dashboard):
+    import ipywidgets as W
+    from IPython.display import display
+    hidden = lambda: W.Layout(display='none')   # an Image with no picture yet is a broken-image icon: shown once it has one
+    self._w = dict(head=W.HTML(), train=W.Image(format='png', layout=hidden()), routing=W.Image(format='png', layout=hidden()))
+    display(W.VBox([self._w['head'], self._w['train'], self._w['routing']]))
 
-    def _show(self, name, png:bytes):
-        self._w[name].value = png; self._w[name].layout.display = None
+@patch
+def _show(self:Dashboard, name, png:bytes):
+    self._w[name].value = png; self._w[name].layout.display = None
 
-    def __call__(self, rec:dict):
-        "Take one log record (the `train` callback)."
-        self.records.append(rec)
-        self.total_steps = self.total_steps or rec.get('total_steps')
-        self.update()
+@patch
+def _head(self:Dashboard, line:str=''):
+    import html
+    self._line = line or getattr(self, '_line', '')
+    self._w['head'].value = f'<pre>{html.escape(self.run_dir.name)}: {html.escape(self._line)}' + (f'\n{html.escape(self.note)}' if self.note else '') + '</pre>'
 
-    def say(self, text:str):
-        "A line about the run: under the widgets' status line (live), else printed."
-        if not self.live: print(text, flush=True); return
-        self.note = text
+# %% ../nbs/10_dashboard.ipynb #e249ca9d
+@patch
+def frame(self:Dashboard) -> pd.DataFrame:
+    df = pd.DataFrame(self.records)
+    return df.drop_duplicates('step', keep='last').reset_index(drop=True) if len(df) else df
+
+# %% ../nbs/10_dashboard.ipynb #92a2275b
+@patch
+def save_pngs(self:Dashboard) -> list[Path]:
+    "Write training.png (and routing.png for MoE runs) into the run folder."
+    self.run_dir.mkdir(parents=True, exist_ok=True)
+    df, out = self.frame(), []
+    title = f'{self.run_dir.name}: step {df.step.iloc[-1] if len(df) else 0}'
+    fig_png(plot_training(df, title, self.vocab_size), self.run_dir/'training.png'); out.append(self.run_dir/'training.png')
+    rf = plot_routing(df, title)
+    if rf is not None: fig_png(rf, self.run_dir/'routing.png'); out.append(self.run_dir/'routing.png')
+    return out
+
+# %% ../nbs/10_dashboard.ipynb #9559bafd
+@patch
+def update(self:Dashboard, force:bool=False):
+    "Redraw (widgets) or print and refresh PNGs (log lines), rate-limited unless `force`."
+    if not self.records: return
+    now = time.monotonic()
+    line = summary_line(self.records[-1], self.total_steps, eta_seconds(self.records, self.total_steps))
+    if self.live:
         if self._w is None: self._widgets()
-        self._head()
+        self._head(line)
+        if force or now - self._drawn >= self.redraw_s:
+            df = self.frame()
+            self._show('train', fig_png(plot_training(df, vocab_size=self.vocab_size)))
+            rf = plot_routing(df)
+            if rf is not None: self._show('routing', fig_png(rf))
+            self._drawn = time.monotonic()
+    else:
+        step = self.records[-1].get('step')
+        if step != self._printed_step and (force or now - self._printed >= self.print_s):
+            print(line, flush=True); self._printed, self._printed_step = now, step
+        if force or now - self._png >= self.png_s:
+            self.save_pngs(); self._png = time.monotonic()
 
-    def _head(self, line:str=''):
-        import html
-        self._line = line or getattr(self, '_line', '')
-        self._w['head'].value = f'<pre>{html.escape(self.run_dir.name)}: {html.escape(self._line)}' + (f'\n{html.escape(self.note)}' if self.note else '') + '</pre>'
+# %% ../nbs/10_dashboard.ipynb #15100cf3
+@patch
+def __call__(self:Dashboard, rec:dict):
+    "Take one log record (the `train` callback)."
+    self.records.append(rec)
+    self.total_steps = self.total_steps or rec.get('total_steps')
+    self.update()
 
-    def update(self, force:bool=False):
-        "Redraw (widgets) or print and refresh PNGs (log lines), rate-limited unless `force`."
-        if not self.records: return
-        now = time.monotonic()
-        line = summary_line(self.records[-1], self.total_steps, eta_seconds(self.records, self.total_steps))
-        if self.live:
-            if self._w is None: self._widgets()
-            self._head(line)
-            if force or now - self._drawn >= self.redraw_s:
-                df = self.frame()
-                self._show('train', fig_png(plot_training(df, vocab_size=self.vocab_size)))
-                rf = plot_routing(df)
-                if rf is not None: self._show('routing', fig_png(rf))
-                self._drawn = time.monotonic()
-        else:
-            step = self.records[-1].get('step')
-            if step != self._printed_step and (force or now - self._printed >= self.print_s):
-                print(line, flush=True); self._printed, self._printed_step = now, step
-            if force or now - self._png >= self.png_s:
-                self.save_pngs(); self._png = time.monotonic()
+# %% ../nbs/10_dashboard.ipynb #7757324a
+@patch
+def say(self:Dashboard, text:str):
+    "A line about the run: under the widgets' status line (live), else printed."
+    if not self.live: print(text, flush=True); return
+    self.note = text
+    if self._w is None: self._widgets()
+    self._head()
 
-    def frame(self) -> pd.DataFrame:
-        df = pd.DataFrame(self.records)
-        return df.drop_duplicates('step', keep='last').reset_index(drop=True) if len(df) else df
-
-    def save_pngs(self) -> list[Path]:
-        "Write training.png (and routing.png for MoE runs) into the run folder."
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        df, out = self.frame(), []
-        title = f'{self.run_dir.name}: step {df.step.iloc[-1] if len(df) else 0}'
-        fig_png(plot_training(df, title, self.vocab_size), self.run_dir/'training.png'); out.append(self.run_dir/'training.png')
-        rf = plot_routing(df, title)
-        if rf is not None: fig_png(rf, self.run_dir/'routing.png'); out.append(self.run_dir/'routing.png')
-        return out
-
-    def finish(self, show:bool=True) -> list[Path]:
-        "Final redraw, PNGs in the run folder, and (if `show`) a real image/png in the notebook."
-        if self.records: self.update(force=True)
-        st = read_status(self.run_dir)
-        if self.live and st.state not in (None, 'running'): self.say(f"{st.state}: {st.message or ''}")
-        paths = self.save_pngs() if self.records else []
-        if show and paths:
-            from IPython.display import display, Image
-            for p in paths: display(Image(filename=str(p)))
-        return paths
+# %% ../nbs/10_dashboard.ipynb #0338f813
+@patch
+def finish(self:Dashboard, show:bool=True) -> list[Path]:
+    "Final redraw, PNGs in the run folder, and (if `show`) a real image/png in the notebook."
+    if self.records: self.update(force=True)
+    st = read_status(self.run_dir)
+    if self.live and st.state not in (None, 'running'): self.say(f"{st.state}: {st.message or ''}")
+    paths = self.save_pngs() if self.records else []
+    if show and paths:
+        from IPython.display import display, Image
+        for p in paths: display(Image(filename=str(p)))
+    return paths
 
 # %% ../nbs/10_dashboard.ipynb #9542921a
 def _watch_step(dash:Dashboard, tail:LogTail, run:Path) -> bool:

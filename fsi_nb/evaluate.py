@@ -409,6 +409,7 @@ def _fence(text:str, lang:str='') -> str:
     n = max([3] + [len(m) + 1 for m in re.findall('`+', text)])
     return f"{'`' * n}{lang}\n{text}\n{'`' * n}\n"
 
+# %% ../nbs/11_evaluate.ipynb #9e92f386
 def _humaneval_section(h:dict) -> list[str]:
     "The report's HumanEval section from `evaluate_humaneval`'s result."
     L = ['\n## HumanEval\n', f"{h['problems']} problems, {h['samples']} samples each at temperature {h['temperature']:g} "
@@ -421,12 +422,14 @@ def _humaneval_section(h:dict) -> list[str]:
     if not any(h['pass_at'].values()): L += ['\nNo problem was solved, by any sample: at this size and training that is the expected score.\n']
     return L
 
-def write_report(ev:dict,                   # `evaluate_run(...)`
-                 fim:dict|None=None,        # `fim_exact_match(...)`
-                 humaneval:dict|None=None,  # `fsi_nb.humaneval.evaluate_humaneval(...)`
-                 params:dict|None=None,     # the evaluation's own settings, shown as given
-                 out_dir=None               # None: the run folder
-                ) -> Path:
+# %% ../nbs/11_evaluate.ipynb #42f43c01
+def write_report(
+    ev:dict,                   # `evaluate_run(...)`
+    fim:dict|None=None,        # `fim_exact_match(...)`
+    humaneval:dict|None=None,  # `fsi_nb.humaneval.evaluate_humaneval(...)`
+    params:dict|None=None,     # the evaluation's own settings, shown as given
+    out_dir=None               # None: the run folder
+) -> Path:
     "Write report.md, its PNG plots and eval.json for one evaluated run; returns the report's path."
     r, out = ev['loaded'], Path(out_dir or ev['run'])
     name, info, log = out.name, r.info, ev['log']

@@ -141,7 +141,8 @@ def configuration_source() -> str:
     return _HF_CONFIG.format(defaults=repr(config_to_dict(FSIEdgeConfig())), version=fsi_nb.__version__)
 
 # %% ../nbs/13_export.ipynb #219b87be
-_HF_WRAPPER = '''
+# the wrapper's first part: its imports, the cache and the PreTrainedModel base; `_HF_WRAPPER` adds the model class
+_HF_BASE = '''
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from .configuration_fsi_edge import FSIEdgeHFConfig
@@ -170,7 +171,10 @@ class FSIEdgePreTrainedModel(PreTrainedModel):
             c = module.cfg
             cos, sin = rope_cache(c.head_dim, c.max_seq_len, c.rope_base, device=module.rope_cos.device)
             module.rope_cos.copy_(cos); module.rope_sin.copy_(sin)
+'''
 
+# %% ../nbs/13_export.ipynb #527ffc4f
+_HF_WRAPPER = _HF_BASE + '''
 
 class FSIEdgeForCausalLM(FSIEdgePreTrainedModel, GenerationMixin):
     "FSIEdgeModel under transformers: logits and loss from its parallel form, `generate` on its constant-size streaming state."

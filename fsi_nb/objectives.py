@@ -8,6 +8,7 @@ import copy, math, os, time
 from pathlib import Path
 
 import numpy as np, torch
+from fastcore.basics import patch
 
 from .config import TrainConfig
 from .tokenizer import SPECIAL_TOKENS, load_tokenizer
@@ -258,59 +259,71 @@ class GRPO(Objective):
         if not self.prompts['train']: raise ValueError(f"{self.data_dir} has no {'/'.join(self.kinds)} records to prompt with. Fix: prepare with the coldstart source.")
         self.ref = None
 
-    def setup(self, model):
-        if self.ocfg.kl_coef > 0:   # a frozen copy of the starting weights
-            self.ref = copy.deepcopy(model).eval().requires_grad_(False)
+# %% ../nbs/08c_objectives.ipynb #c70f566b
+@patch
+def setup(self:GRPO, model):
+    if self.ocfg.kl_coef > 0:   # a frozen copy of the starting weights
+        self.ref = copy.deepcopy(model).eval().requires_grad_(False)
 
-    def prompt_ids(self, rec) -> list[int]: return self.tok.encode(chat_pieces(rec)[0]).ids
+# %% ../nbs/08c_objectives.ipynb #fbb48e37
+@patch
+def prompt_ids(self:GRPO, rec) -> list[int]: return self.tok.encode(chat_pieces(rec)[0]).ids
 
-    def rewards(self, recs:list[dict], completions:list[list[int]]) -> list[float]:
-        return [format_reward(c, self.special) for c in completions]
+@patch
+def rewards(self:GRPO, recs:list[dict], completions:list[list[int]]) -> list[float]:
+    return [format_reward(c, self.special) for c in completions]
 
-    def batch(self, step, micro, model):
-        t = self.cfg
-        o = self.ocfg
-        rng = np.random.default_rng([t.seed, 11, step, micro])
-        recs = [self.prompts['train'][i] for i in rng.choice(len(self.prompts['train']), size=t.batch_size)]
-        t0, prompts, comps = time.perf_counter(), [], []
-        for k, rec in enumerate(recs):
-            p = self.prompt_ids(rec)
-            g = sample_group(model, p, o.group_size, o.max_new_tokens, o.temperature, self.special['<|endoftext|>'],
-                             seed=int(rng.integers(2**62)))
-            prompts += [p] * len(g); comps += g
-        sampled = time.perf_counter() - t0
-        rewards = torch.tensor(self.rewards([r for r in recs for _ in range(o.group_size)], comps)).view(t.batch_size, o.group_size)
-        b = completion_batch(prompts, comps, self.special['<|pad|>'], self.device)
-        b['advantages'] = group_advantages(rewards).view(-1).to(self.device)
-        with torch.no_grad(), autocast_context(self.device, t.precision):
-            b['old_logprobs'] = sequence_logprobs(model, b)[0].float()
-            if self.ref is not None: b['ref_logprobs'] = sequence_logprobs(self.ref, b)[0].float()
-        b['stats'] = dict(reward=float(rewards.mean()), reward_std=float(rewards.std(-1, unbiased=False).mean()),
-                          completion_tokens=sum(map(len, comps)) / len(comps), samples_per_sec=len(comps) / max(sampled, 1e-9))
-        return b
+# %% ../nbs/08c_objectives.ipynb #6799b0ee
+@patch
+def batch(self:GRPO, step, micro, model):
+    t = self.cfg
+    o = self.ocfg
+    rng = np.random.default_rng([t.seed, 11, step, micro])
+    recs = [self.prompts['train'][i] for i in rng.choice(len(self.prompts['train']), size=t.batch_size)]
+    t0, prompts, comps = time.perf_counter(), [], []
+    for k, rec in enumerate(recs):
+        p = self.prompt_ids(rec)
+        g = sample_group(model, p, o.group_size, o.max_new_tokens, o.temperature, self.special['<|endoftext|>'],
+                         seed=int(rng.integers(2**62)))
+        prompts += [p] * len(g); comps += g
+    sampled = time.perf_counter() - t0
+    rewards = torch.tensor(self.rewards([r for r in recs for _ in range(o.group_size)], comps)).view(t.batch_size, o.group_size)
+    b = completion_batch(prompts, comps, self.special['<|pad|>'], self.device)
+    b['advantages'] = group_advantages(rewards).view(-1).to(self.device)
+    with torch.no_grad(), autocast_context(self.device, t.precision):
+        b['old_logprobs'] = sequence_logprobs(model, b)[0].float()
+        if self.ref is not None: b['ref_logprobs'] = sequence_logprobs(self.ref, b)[0].float()
+    b['stats'] = dict(reward=float(rewards.mean()), reward_std=float(rewards.std(-1, unbiased=False).mean()),
+                      completion_tokens=sum(map(len, comps)) / len(comps), samples_per_sec=len(comps) / max(sampled, 1e-9))
+    return b
 
-    def loss(self, model, batch):
-        lp, mask, out = sequence_logprobs(model, batch)
-        loss, m = grpo_loss(lp.float(), batch['old_logprobs'], batch['advantages'], mask, self.ocfg.clip_eps,
-                            batch.get('ref_logprobs'), self.ocfg.kl_coef)
-        loss = loss + (out.loss - out.aux['lm_loss'])   # the MoE router terms, if any
-        return loss, dict(batch['stats'], **m, routing=out.routing)
+# %% ../nbs/08c_objectives.ipynb #fc2408eb
+@patch
+def loss(self:GRPO, model, batch):
+    lp, mask, out = sequence_logprobs(model, batch)
+    loss, m = grpo_loss(lp.float(), batch['old_logprobs'], batch['advantages'], mask, self.ocfg.clip_eps,
+                        batch.get('ref_logprobs'), self.ocfg.kl_coef)
+    loss = loss + (out.loss - out.aux['lm_loss'])   # the MoE router terms, if any
+    return loss, dict(batch['stats'], **m, routing=out.routing)
 
-    def evaluate(self, model):
-        "Held-out prompts: the mean reward of 4 samples each (what RL raises; fixed seeds) and of the greedy reply."
-        t, eot = self.cfg, self.special['<|endoftext|>']
-        o = self.ocfg
-        recs = self.prompts['val'][:o.num_prompts] or self.prompts['train'][:o.num_prompts]
-        def run():
-            sampled, greedy = [], []
-            for i, r in enumerate(recs):
-                p = self.prompt_ids(r)
-                sampled += sample_group(model, p, 4, o.max_new_tokens, o.temperature, eot, seed=i)
-                greedy += sample_group(model, p, 1, o.max_new_tokens, 1.0, eot, 0, greedy=True)
-            rs, rg = self.rewards([r for r in recs for _ in range(4)], sampled), self.rewards(recs, greedy)
-            return {self.metric: sum(rs) / max(len(rs), 1), 'val_reward_greedy': sum(rg) / max(len(rg), 1)}
-        return self._held_out(model, run)
+# %% ../nbs/08c_objectives.ipynb #7ec8b0f9
+@patch
+def evaluate(self:GRPO, model):
+    "Held-out prompts: the mean reward of 4 samples each (what RL raises; fixed seeds) and of the greedy reply."
+    t, eot = self.cfg, self.special['<|endoftext|>']
+    o = self.ocfg
+    recs = self.prompts['val'][:o.num_prompts] or self.prompts['train'][:o.num_prompts]
+    def run():
+        sampled, greedy = [], []
+        for i, r in enumerate(recs):
+            p = self.prompt_ids(r)
+            sampled += sample_group(model, p, 4, o.max_new_tokens, o.temperature, eot, seed=i)
+            greedy += sample_group(model, p, 1, o.max_new_tokens, 1.0, eot, 0, greedy=True)
+        rs, rg = self.rewards([r for r in recs for _ in range(4)], sampled), self.rewards(recs, greedy)
+        return {self.metric: sum(rs) / max(len(rs), 1), 'val_reward_greedy': sum(rg) / max(len(rg), 1)}
+    return self._held_out(model, run)
 
+# %% ../nbs/08c_objectives.ipynb #20c37155
 class GRPOExecution(GRPO):
     "`stage3b`: GRPO on code prompts; the reward is whether the sampled code passes the task's tests in the sandbox."
     kinds = ('code',)
@@ -338,77 +351,92 @@ class DPO(Objective):
         if not self.records['train']: raise ValueError(f"{self.data_dir} has no code records for DPO pairs. Fix: prepare with the coldstart source.")
         self.pairs = None
 
-    def _make_pairs(self, model, recs, seed) -> dict:
-        t, eot = self.cfg, self.special['<|endoftext|>']
-        o = self.ocfg
-        prompts, chosen, rejected, from_ref = [], [], [], 0
-        for i, rec in enumerate(recs):
-            p = self.tok.encode(chat_pieces(rec)[0]).ids
-            samples = sample_group(model, p, o.group_size, o.max_new_tokens, o.temperature, eot, seed=seed * 100003 + i)
-            progs = [completion_code(self.tok.decode(c, skip_special_tokens=False)) for c in samples]
-            ok = [x.passed and bool(pr) for x, pr in zip(run_many([(pr, rec['tests']) for pr in progs], workers=os.cpu_count() or 1), progs)]
-            bad = [c for c, k in zip(samples, ok) if not k]
-            if not bad: continue                                          # every sample passes: nothing to prefer
-            good = next((c for c, k in zip(samples, ok) if k), None)
-            if good is None: good, from_ref = self.tok.encode(chat_pieces(rec)[1]).ids + [eot], from_ref + 1
-            prompts.append(p); chosen.append(good); rejected.append(bad[0])
-        if not prompts: return dict(n=0, from_reference=0)
-        bc, br = (completion_batch(prompts, c, self.special['<|pad|>'], self.device) for c in (chosen, rejected))
-        with torch.no_grad(), autocast_context(self.device, t.precision):   # the frozen reference: the starting weights, once
-            rc, rr = ((lp.float() * m).sum(-1) for lp, m, _ in (sequence_logprobs(model, bc), sequence_logprobs(model, br)))
-        return dict(n=len(prompts), from_reference=from_ref, chosen=bc, rejected=br, ref_chosen=rc, ref_rejected=rr)
+# %% ../nbs/08c_objectives.ipynb #52f73866
+@patch
+def _make_pairs(self:DPO, model, recs, seed) -> dict:
+    t, eot = self.cfg, self.special['<|endoftext|>']
+    o = self.ocfg
+    prompts, chosen, rejected, from_ref = [], [], [], 0
+    for i, rec in enumerate(recs):
+        p = self.tok.encode(chat_pieces(rec)[0]).ids
+        samples = sample_group(model, p, o.group_size, o.max_new_tokens, o.temperature, eot, seed=seed * 100003 + i)
+        progs = [completion_code(self.tok.decode(c, skip_special_tokens=False)) for c in samples]
+        ok = [x.passed and bool(pr) for x, pr in zip(run_many([(pr, rec['tests']) for pr in progs], workers=os.cpu_count() or 1), progs)]
+        bad = [c for c, k in zip(samples, ok) if not k]
+        if not bad: continue                                          # every sample passes: nothing to prefer
+        good = next((c for c, k in zip(samples, ok) if k), None)
+        if good is None: good, from_ref = self.tok.encode(chat_pieces(rec)[1]).ids + [eot], from_ref + 1
+        prompts.append(p); chosen.append(good); rejected.append(bad[0])
+    if not prompts: return dict(n=0, from_reference=0)
+    bc, br = (completion_batch(prompts, c, self.special['<|pad|>'], self.device) for c in (chosen, rejected))
+    with torch.no_grad(), autocast_context(self.device, t.precision):   # the frozen reference: the starting weights, once
+        rc, rr = ((lp.float() * m).sum(-1) for lp, m, _ in (sequence_logprobs(model, bc), sequence_logprobs(model, br)))
+    return dict(n=len(prompts), from_reference=from_ref, chosen=bc, rejected=br, ref_chosen=rc, ref_rejected=rr)
 
-    def setup(self, model):
-        t = self.cfg
-        o = self.ocfg
-        was = model.training; model.eval()
-        try:
-            self.pairs = {s: self._make_pairs(model, self.records[s][:o.num_prompts if s == 'train' else max(1, o.num_prompts // 4)], seed)
-                          for s, seed in (('train', t.seed), ('val', t.seed + 1))}
-        finally: model.train(was)
-        if self.pairs['train']['n'] == 0:
-            raise ValueError("DPO found no preference pair: every sample of every prompt passed its tests. Fix: raise num_prompts "
-                             "or temperature, or skip stage4.")
-        print(f"DPO pairs: {self.pairs['train']['n']} train ({self.pairs['train']['from_reference']} with the reference solution "
-              f"preferred), {self.pairs['val']['n']} held out")
+# %% ../nbs/08c_objectives.ipynb #299173a2
+@patch
+def setup(self:DPO, model):
+    t = self.cfg
+    o = self.ocfg
+    was = model.training; model.eval()
+    try:
+        self.pairs = {s: self._make_pairs(model, self.records[s][:o.num_prompts if s == 'train' else max(1, o.num_prompts // 4)], seed)
+                      for s, seed in (('train', t.seed), ('val', t.seed + 1))}
+    finally: model.train(was)
+    if self.pairs['train']['n'] == 0:
+        raise ValueError("DPO found no preference pair: every sample of every prompt passed its tests. Fix: raise num_prompts "
+                         "or temperature, or skip stage4.")
+    print(f"DPO pairs: {self.pairs['train']['n']} train ({self.pairs['train']['from_reference']} with the reference solution "
+          f"preferred), {self.pairs['val']['n']} held out")
 
-    def steps(self):
-        t = self.cfg
-        o = self.ocfg
-        return math.ceil(o.epochs * self.pairs['train']['n'] / (t.batch_size * t.grad_accum)) if o.epochs and self.pairs else None
+# %% ../nbs/08c_objectives.ipynb #21b3b7e2
+@patch
+def steps(self:DPO):
+    t = self.cfg
+    o = self.ocfg
+    return math.ceil(o.epochs * self.pairs['train']['n'] / (t.batch_size * t.grad_accum)) if o.epochs and self.pairs else None
 
-    def _rows(self, pairs, idx) -> dict:
-        pick = lambda b: {k: v[idx] for k, v in b.items()}
-        return dict(chosen=pick(pairs['chosen']), rejected=pick(pairs['rejected']), ref_chosen=pairs['ref_chosen'][idx],
-                    ref_rejected=pairs['ref_rejected'][idx])
+# %% ../nbs/08c_objectives.ipynb #351d5276
+@patch
+def _rows(self:DPO, pairs, idx) -> dict:
+    pick = lambda b: {k: v[idx] for k, v in b.items()}
+    return dict(chosen=pick(pairs['chosen']), rejected=pick(pairs['rejected']), ref_chosen=pairs['ref_chosen'][idx],
+                ref_rejected=pairs['ref_rejected'][idx])
 
-    def batch(self, step, micro, model=None):
-        t, n = self.cfg, self.pairs['train']['n']
-        first = (step * t.grad_accum + micro) * t.batch_size
-        idx = [int(np.random.default_rng([t.seed, 13, g // n]).permutation(n)[g % n]) for g in range(first, first + t.batch_size)]
-        return self._rows(self.pairs['train'], torch.tensor(idx))
+@patch
+def batch(self:DPO, step, micro, model=None):
+    t, n = self.cfg, self.pairs['train']['n']
+    first = (step * t.grad_accum + micro) * t.batch_size
+    idx = [int(np.random.default_rng([t.seed, 13, g // n]).permutation(n)[g % n]) for g in range(first, first + t.batch_size)]
+    return self._rows(self.pairs['train'], torch.tensor(idx))
 
-    def _policy(self, model, batch):
-        sums = []
-        for side in ('chosen', 'rejected'):
-            lp, mask, out = sequence_logprobs(model, batch[side])
-            sums.append((lp.float() * mask).sum(-1))
-        return sums, out
+# %% ../nbs/08c_objectives.ipynb #2ad7fb0b
+@patch
+def _policy(self:DPO, model, batch):
+    sums = []
+    for side in ('chosen', 'rejected'):
+        lp, mask, out = sequence_logprobs(model, batch[side])
+        sums.append((lp.float() * mask).sum(-1))
+    return sums, out
 
-    def loss(self, model, batch):
-        (pc, pr), out = self._policy(model, batch)
-        loss, m = dpo_loss(pc, pr, batch['ref_chosen'], batch['ref_rejected'], self.ocfg.dpo_beta)
-        return loss + (out.loss - out.aux['lm_loss']), dict(m, routing=out.routing)
+@patch
+def loss(self:DPO, model, batch):
+    (pc, pr), out = self._policy(model, batch)
+    loss, m = dpo_loss(pc, pr, batch['ref_chosen'], batch['ref_rejected'], self.ocfg.dpo_beta)
+    return loss + (out.loss - out.aux['lm_loss']), dict(m, routing=out.routing)
 
-    def tokens(self, batch): return int(batch['chosen']['input_ids'].numel() + batch['rejected']['input_ids'].numel())
+@patch
+def tokens(self:DPO, batch): return int(batch['chosen']['input_ids'].numel() + batch['rejected']['input_ids'].numel())
 
-    def evaluate(self, model):
-        pv = self.pairs['val'] if self.pairs['val']['n'] else self.pairs['train']
-        def run():
-            (pc, pr), _ = self._policy(model, self._rows(pv, torch.arange(pv['n'])))
-            _, m = dpo_loss(pc, pr, pv['ref_chosen'], pv['ref_rejected'], self.ocfg.dpo_beta)
-            return {self.metric: m['reward_margin'], 'val_accuracy': m['accuracy']}
-        return self._held_out(model, run)
+# %% ../nbs/08c_objectives.ipynb #b8ed20a8
+@patch
+def evaluate(self:DPO, model):
+    pv = self.pairs['val'] if self.pairs['val']['n'] else self.pairs['train']
+    def run():
+        (pc, pr), _ = self._policy(model, self._rows(pv, torch.arange(pv['n'])))
+        _, m = dpo_loss(pc, pr, pv['ref_chosen'], pv['ref_rejected'], self.ocfg.dpo_beta)
+        return {self.metric: m['reward_margin'], 'val_accuracy': m['accuracy']}
+    return self._held_out(model, run)
 
 # %% ../nbs/08c_objectives.ipynb #075d69eb
 OBJECTIVES = dict(next_token=NextToken, fim=FIM, sft=SFT, sft_reasoning=SFTReasoning, grpo_format=GRPO,

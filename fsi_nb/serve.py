@@ -504,6 +504,7 @@ def _run_async(coro):
     except RuntimeError: return asyncio.run(coro)
     with ThreadPoolExecutor(1) as ex: return ex.submit(asyncio.run, coro).result()
 
+# %% ../nbs/14_serve.ipynb #5b3f0d43
 async def _load(url, clients, requests, max_tokens, prompt, temperature, timeout, health_interval):
     import httpx
     latency, tokens, errors, health = [], [0], [], []
@@ -543,6 +544,7 @@ async def _load(url, clients, requests, max_tokens, prompt, temperature, timeout
                 server_cpu_s=cpu, server_cpu_ms_per_token=cpu / max(tokens[0], 1) * 1e3,
                 health_probes=len(health), health_p50_ms=pct(health, 50) * 1e3, health_max_ms=max(health, default=float('nan')) * 1e3)
 
+# %% ../nbs/14_serve.ipynb #2e28b995
 def load_test(url:str,            # a running server, e.g. from `serve_process`
               clients:int=16,     # concurrent clients
               requests:int=20,    # completions each client sends, one after another
@@ -555,6 +557,7 @@ def load_test(url:str,            # a running server, e.g. from `serve_process`
     "Concurrent clients against a server, with /health probed throughout: errors, latency p50/p95/max, tokens/s, /health latency."
     return _run_async(_load(url, clients, requests, max_tokens, prompt, temperature, timeout, health_interval))
 
+# %% ../nbs/14_serve.ipynb #bc6d829c
 def format_load_test(r:dict) -> str:
     "A `load_test` result in one paragraph."
     return (f"{r['clients']} clients x {r['requests'] // r['clients']} requests (max_tokens {r['max_tokens']}): {r['errors']} errors"
