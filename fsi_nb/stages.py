@@ -4,7 +4,7 @@
 
 # %% ../nbs/09a_stages.ipynb #1405565a
 from __future__ import annotations
-import time
+import time, warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,9 +36,9 @@ def stage_overrides(stages:list[str], common:dict, per:dict) -> dict[str, dict]:
     "Each stage's overrides: the common ones it has a setting for (an objective's settings reach only its stages), then its own."
     owners = objective_setting_names()
     def takes(stage, k): return k not in owners or get_stage(stage).objective in owners[k]
-    if unused := sorted(k for k in common if not any(takes(st, k) for st in stages)):
-        raise ValueError(f"{', '.join(unused)}: no stage of {', '.join(stages)} has this setting (only {', '.join(sorted({o for k in unused for o in owners[k]}))} "
-                         "objectives do). Fix: drop it, or add a stage that uses it.")
+    if unused := sorted(k for k in common if not any(takes(st, k) for st in stages)):   # a real setting, for stages not in this chain
+        warnings.warn(f"{', '.join(unused)}: no stage of {', '.join(stages)} has this setting (only {', '.join(sorted({o for k in unused for o in owners[k]}))} "
+                      "objectives do), so it changes nothing here. Fix: drop it, or add a stage that uses it.")
     return {st: {k: v for k, v in common.items() if takes(st, k)} | per[st] for st in stages}
 
 def parse_stages(stages) -> list[str]:

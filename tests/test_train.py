@@ -85,7 +85,7 @@ def test_loaded_checkpoint_reproduces_the_logged_loss(prepared_data, tmp_path):
 def test_resuming_a_run_as_another_stage_is_refused(prepared_data, tmp_path):
     "A run folder belongs to one stage: continuing stage1's checkpoints as stage1b would mix two objectives in one run."
     assert run(cli(prepared_data, tmp_path, 'st', steps=3)).returncode == 0
-    r = run(cli(prepared_data, tmp_path, 'st', '--stage', 'stage1b', steps=3))
+    r = run(cli(prepared_data, tmp_path, 'st', '--stage', 'stage1b', '--init-from', 'scratch', steps=3))
     assert r.returncode == 2 and 'is a run of stage1, not stage1b' in r.stderr and 'Fix:' in r.stderr, r.stderr
 
 def test_an_exception_is_written_to_status_json(prepared_data, tmp_path):
