@@ -108,6 +108,42 @@ def _prepare_report(out, params, status, secs, cpu, table, rejected, sh, sample,
                 tokens=m['tokens'], n_shards=len(m['shards']), n_docs=dict(train=n_docs['train'], val=n_docs['val']),
                 manifest_sha256=manifest_sha256(out))
 
+# %% ../nbs/03f_data.ipynb #606668f7
+_RECORDED = ('max_files', 'vocab_size', 'seed', 'extra_code', 'num_synthetic', 'num_coldstart', 'val_fraction', 'max_file_bytes',
+             'near_dup_threshold', 'shard_tokens')
+
+def _recorded_params(args:dict) -> dict:
+    "The arguments of `prepare` (its `locals()` at the start) that the manifest records; the stream settings only when changed."
+    params = dict(sources=[str(s) for s in args['sources']], **{k: args[k] for k in _RECORDED})
+    return params | {k: args[k] for k in ('text_field', 'tokenizer_sample_mb') if args[k] != _STREAM_DEFAULTS[k]}
+
+def _refuse_empty(counts:FilterCounts, status:dict, out:Path):
+    "No document kept: the report the message points at, beside `out` when it holds a corpus (which stays as it was, its reports too)."
+    reports = _failed_reports_dir(out)
+    _write_filter_report(counts, reports)
+    raise NoDocumentsError(_no_documents_message(counts, status, reports, out))
+
+def _remove_outputs(out:Path):
+    "What an earlier prepare wrote in `out` (only that: `_OUTPUTS`)."
+    for name in _OUTPUTS:
+        p = out/name
+        if p.is_dir(): shutil.rmtree(p)
+        elif p.exists(): p.unlink()
+
+def _tokenize_and_shard(spool, split, out:Path, vocab_size, tokenizer_sample_mb, shard_tokens, workers, max_buffer_mb, progress, params, lap):
+    "The kept documents -> the BPE tokenizer -> uint16 shards + manifest, and cold_start.jsonl: `(shards report, tokenizer sample, docs per split)`."
+    t, c = time.time(), _cpu_seconds()
+    pick, sample = tokenizer_sample(spool, split, tokenizer_sample_mb)
+    train_tokenizer((d.text for d in spool.docs(pick)), out/'tokenizer', vocab_size); lap('tokenizer', t, c)
+    t, c = time.time(), _cpu_seconds(); sh = stream_shards(spool, split, out/'tokenizer', out, shard_tokens, workers, max_buffer_mb, progress, params); lap('shards', t, c)
+    if sh['round_trip_failures']: raise RuntimeError(f"{len(sh['round_trip_failures'])} documents do not round-trip through the tokenizer, e.g. {sh['round_trip_failures'][:3]}.")
+    n_docs = Counter()
+    with open(out/'cold_start.jsonl', 'w') as f:
+        for m in spool.meta():
+            n_docs[split(m['id'])] += 1
+            if m['record'] is not None: f.write(json.dumps(dict(m['record'], split=split(m['id']))) + '\n')
+    return sh, sample, n_docs
+
 # %% ../nbs/03f_data.ipynb #a93a540c
 def prepare(out_dir=None,                    # None: settings.ini data_dir
             sources=DEFAULT_SOURCES,         # names (stdlib, shakespeare, pydocs, synthetic, coldstart) and/or folder, .jsonl, .parquet, saved-dataset paths or glob patterns
@@ -134,10 +170,7 @@ def prepare(out_dir=None,                    # None: settings.ini data_dir
     def lap(name, t, c): secs[name], cpu[name] = time.time() - t, _cpu_seconds() - c
     out = Path(out_dir) if out_dir is not None else load_settings().data_dir
     if not overwrite: _refuse_prepared(out)   # checked first: before minutes of work, and before deleting anything
-    params = dict(sources=[str(s) for s in sources], max_files=max_files, vocab_size=vocab_size, seed=seed, extra_code=extra_code,
-                  num_synthetic=num_synthetic, num_coldstart=num_coldstart, val_fraction=val_fraction, max_file_bytes=max_file_bytes,
-                  near_dup_threshold=near_dup_threshold, shard_tokens=shard_tokens)
-    params |= {k: v for k, v in dict(text_field=text_field, tokenizer_sample_mb=tokenizer_sample_mb).items() if v != _STREAM_DEFAULTS[k]}
+    params = _recorded_params(locals())
     status = {}
     cands = iter_sources(sources, max_files, extra_code, num_synthetic, num_coldstart, seed, cache, text_field, status)   # bad sources raise here
     created = not out.exists()
@@ -147,25 +180,11 @@ def prepare(out_dir=None,                    # None: settings.ini data_dir
     try:
         counts = stream_filter(cands, keep, workers, max_file_bytes, near_dup_threshold, max_buffer_mb, progress)
         spool.close(); lap('filter', t0, cpu0)        # reading the sources is part of it: they stream into the filters
-        if not spool.n:                                # the report the message points at; a corpus already in out stays as it was, its reports too
-            reports = _failed_reports_dir(out)
-            _write_filter_report(counts, reports)
-            raise NoDocumentsError(_no_documents_message(counts, status, reports, out))
+        if not spool.n: _refuse_empty(counts, status, out)
         for name, st in status.items(): st['kept'] = kept[name]
-        for name in _OUTPUTS:                          # only what prepare itself writes
-            p = out/name
-            if p.is_dir(): shutil.rmtree(p)
-            elif p.exists(): p.unlink()
-        t, c = time.time(), _cpu_seconds()
-        pick, sample = tokenizer_sample(spool, split, tokenizer_sample_mb)
-        train_tokenizer((d.text for d in spool.docs(pick)), out/'tokenizer', vocab_size); lap('tokenizer', t, c)
-        t, c = time.time(), _cpu_seconds(); sh = stream_shards(spool, split, out/'tokenizer', out, shard_tokens, workers, max_buffer_mb, progress, params); lap('shards', t, c)
-        if sh['round_trip_failures']: raise RuntimeError(f"{len(sh['round_trip_failures'])} documents do not round-trip through the tokenizer, e.g. {sh['round_trip_failures'][:3]}.")
-        n_docs = Counter()
-        with open(out/'cold_start.jsonl', 'w') as f:
-            for m in spool.meta():
-                n_docs[split(m['id'])] += 1
-                if m['record'] is not None: f.write(json.dumps(dict(m['record'], split=split(m['id']))) + '\n')
+        _remove_outputs(out)
+        sh, sample, n_docs = _tokenize_and_shard(spool, split, out, vocab_size, tokenizer_sample_mb, shard_tokens, workers,
+                                                 max_buffer_mb, progress, params, lap)
     finally:
         spool.close(); shutil.rmtree(out/_SPOOL, ignore_errors=True)
         if created and not any(out.iterdir()): out.rmdir()     # a bad record file stopped it: leave no empty folder

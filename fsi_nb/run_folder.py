@@ -41,7 +41,7 @@ class RunFolder:
     @property
     def log(self) -> Path: return self.path/'log.jsonl'           # one JSON line per logged step
     @property
-    def eval(self) -> Path: return self.path/'eval.json'          # the last evaluation's numbers
+    def evaluation(self) -> Path: return self.path/'eval.json'          # the last evaluation's numbers
     @property
     def checkpoints(self) -> Path: return self.path/'checkpoints' # the rolling checkpoints
     @property
@@ -177,11 +177,11 @@ def read_status(run_dir) -> Status:
 def write_eval(out_dir, ev:dict):
     "Write an evaluation's numbers as `eval.json` in `out_dir` (a run folder, or where its report goes)."
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    write_json(RunFolder(out_dir).eval, ev)
+    write_json(RunFolder(out_dir).evaluation, ev)
 
 def read_eval(run_dir) -> dict:
     "The run's eval.json; {} when it was never evaluated."
-    d = read_json(RunFolder(run_dir).eval)
+    d = read_json(RunFolder(run_dir).evaluation)
     return d if isinstance(d, dict) else {}
 
 # %% ../nbs/08d_run_folder.ipynb #e11e6f9a
