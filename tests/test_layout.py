@@ -5,6 +5,8 @@ import json, re
 from collections import defaultdict
 from pathlib import Path
 
+from test_structure import import_graph
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -26,11 +28,10 @@ def _modules() -> dict[str, str]:
 
 
 def test_data_modules_import_only_earlier_ones():
-    mods = _modules()
+    mods, graph = _modules(), import_graph()   # the one reading of the imports (ast, function-level ones too)
     late = []
     for mod, stem in mods.items():
         if stem > '03z': continue
-        src = (ROOT/'fsi_nb'/f'{mod}.py').read_text()
-        for imp in sorted(set(re.findall(r'^\s*from \.(\w+) import', src, re.M))):
+        for imp in sorted(graph[mod]):
             if imp in mods and mods[imp] >= stem: late.append(f'{mod} ({stem}) imports {imp} ({mods[imp]})')
     assert {'tasks', 'sources', 'stream', 'filters', 'shards', 'data', 'batches'} <= set(mods) and not late, late
