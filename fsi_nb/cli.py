@@ -37,6 +37,8 @@ def train_parser() -> argparse.ArgumentParser:
     ap.add_argument('--stages', help='a pipeline: comma separated stages, each its own run under --run-name, e.g. stage1,stage1b,stage2')
     ap.add_argument('--init-from', help="a run folder or checkpoint whose final weights start this run (fresh optimizer); 'scratch': "
                     "random weights, for a stage that would start from an earlier one's")
+    ap.add_argument('--init-checkpoint', dest='init_checkpoint', help="which of --init-from's checkpoints: best (default: its best "
+                    "validation's), final, latest or a step number")
     ap.add_argument('--arch', choices=('hybrid', 'dense'), help="'dense': the baseline, every head plain causal attention (default hybrid)")
     ap.add_argument('--max-steps', type=int, dest='max_steps', help='optimizer steps; with --stages: the pretraining stage trains this many '
                     'and every other stage at most this many (its own number when smaller, epoch-based stages included)')
@@ -46,6 +48,9 @@ def train_parser() -> argparse.ArgumentParser:
                       ('save_minutes', float), ('threads', int), ('device', str), ('precision', str),
                       ('data_dir', str), ('runs_dir', str)]:
         ap.add_argument('--' + name.replace('_', '-'), type=typ, dest=name)
+    ap.add_argument('--output-dir', dest='runs_dir', help="the CPU seed's name for --runs-dir: the folder the run folders go in")
+    ap.add_argument('--no-wandb', action='store_true', help="accepted for the CPU seed's command: nothing goes to W&B unless asked "
+                    "(python -m fsi_nb.tb --wandb RUN mirrors a run offline; pip install -e '.[wandb]')")
     ap.add_argument('--compile', action='store_true', default=None, help='torch.compile the model')
     ap.add_argument('--nproc', type=int, default=1, help='processes on this machine (one per GPU): > 1 starts torchrun and follows it; '
                     'DDP for dense presets, FSDP2 for MoE ones (under torchrun itself, torchrun decides)')
@@ -67,7 +72,7 @@ def train_main(argv=None) -> int:
                                       f'or add {a.stage} to --stages')
     if a.stages and a.max_steps_cap: ap.error('--max-steps-cap beside --stages: --max-steps already caps the stages after pretraining. Fix: drop it')
     if a.model_size: a.preset = MODEL_SIZES[a.model_size]
-    over = {k: v for k, v in vars(a).items() if k not in ('preset', 'model_size', 'run_name', 'no_resume', 'smoke', 'no_progress', 'set', 'nproc', 'max_steps_cap')}
+    over = {k: v for k, v in vars(a).items() if k not in ('preset', 'model_size', 'run_name', 'no_resume', 'smoke', 'no_progress', 'set', 'nproc', 'max_steps_cap', 'no_wandb')}
     for kv in a.set:
         k, eq, v = kv.partition('=')
         if not eq: ap.error(f'--set {kv!r}: expected KEY=VALUE, e.g. --set d_model=32')

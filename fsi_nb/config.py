@@ -11,10 +11,10 @@ from pathlib import Path
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['OBJECTIVE_CONFIGS', 'LOSS_CHUNK_LOGITS', 'PRESETS', 'PRETRAINING_MIX', 'FINAL_MIX', 'FIM_MIX', 'STAGES',
-           'FSIEdgeConfig', 'TrainConfig', 'SFTConfig', 'GRPOConfig', 'DPOConfig', 'loss_chunk_rows', 'Preset',
-           'get_preset', 'DataMix', 'Stage', 'get_stage', 'config_to_dict', 'config_from_dict', 'Settings',
-           'find_settings', 'load_settings', 'check_parameters']
+__all__ = ['OBJECTIVE_CONFIGS', 'LOSS_CHUNK_LOGITS', 'BUILTIN_CORPUS_TOKENS', 'PRESETS', 'PRETRAINING_MIX', 'FINAL_MIX',
+           'FIM_MIX', 'LONG_CONTEXT_CPU', 'STAGES', 'FSIEdgeConfig', 'TrainConfig', 'SFTConfig', 'GRPOConfig',
+           'DPOConfig', 'loss_chunk_rows', 'Preset', 'get_preset', 'DataMix', 'Stage', 'get_stage', 'config_to_dict',
+           'config_from_dict', 'Settings', 'find_settings', 'load_settings', 'check_parameters']
 
 # %% ../nbs/00_config.ipynb #99b32d5f
 def _check(ok, field_name, value, problem, fix):
@@ -125,6 +125,7 @@ class TrainConfig:
     budget_hours: float | None = None  # stop with a final checkpoint before this wall time
     stage: str = 'stage1'              # what the run trains: a name in `STAGES` below (its objective, data and numbers)
     init_from: str = ''                # a run folder or checkpoint whose weights start this run (fresh optimizer); '' = from scratch
+    init_checkpoint: str = ''          # which of init_from's checkpoints: '' (its best validation's), 'final', 'latest' or a step
     eval_interval: int = 250           # optimizer steps between validations on held-out data (and at the end)
     eval_batches: int = 8              # held-out batches per validation
     early_stop_patience: int = 0       # stop after this many validations without a new best; 0 = never
@@ -229,17 +230,29 @@ class Preset:
     train: TrainConfig
     needs_gpu: bool      # True: training it on a CPU is refused (except a smoke test)
     source: str          # where the numbers come from
+    guards: str = ''     # its overfitting guards (dropout, early stopping), or why it has none
 
-def _cpu(name, source, model, **train):
-    return Preset(name, FSIEdgeConfig(**model), TrainConfig(precision='auto', device='cpu', **train), False, source)
+BUILTIN_CORPUS_TOKENS = 13_696_597   # train tokens of the built-in corpus (`prepare` at its defaults: code 10.5M, nlp 2.6M, reasoning 0.5M)
+_GUARDED = dict(dropout=0.1), dict(early_stop_patience=5)   # the cloud seed's threat matrix: dropout 0.1 (+ weight decay 0.1) + early stopping
+_GUARDS = ('dropout 0.1 and early stopping after 5 validations without a better one (the cloud seed\'s threat matrix): '
+           '{passes:.1f} passes over the built-in corpus')
+
+def _cpu(name, source, model, guarded=True, **train):
+    t = TrainConfig(precision='auto', device='cpu', **(train | (_GUARDED[1] if guarded else {})))
+    passes = t.max_steps * t.tokens_per_step / BUILTIN_CORPUS_TOKENS
+    guards = _GUARDS.format(passes=passes) if guarded else (f'none: {passes:.2f} of a pass over the built-in corpus, so no document '
+                                                            'is seen twice (both guards are against repetition)')
+    return Preset(name, FSIEdgeConfig(**(model | (_GUARDED[0] if guarded else {}))), t, False, source, guards)
 
 def _gpu(name, source, model, **train):
-    return Preset(name, FSIEdgeConfig(**model), TrainConfig(precision='bf16', device='cuda', compile=True, **train), True, source)
+    t = TrainConfig(precision='bf16', device='cuda', compile=True, **(train | _GUARDED[1]))
+    return Preset(name, FSIEdgeConfig(**(model | _GUARDED[0])), t, True, source,
+                  _GUARDS.format(passes=t.max_steps * t.tokens_per_step / BUILTIN_CORPUS_TOKENS) + ' (the runbook caps a cloud run at 2 epochs)')
 
 _moe_h100 = dict(n_routed=32, n_shared=2, top_k=4, expert_d_ff=128)
 PRESETS = {p.name: p for p in [
     _cpu('tiny', 'CPU recipe "4K-tiny"', dict(d_model=64, n_layers=2, n_heads=4, kv_heads=2, d_ff=256, max_seq_len=128, window_size=32),
-         batch_size=16, grad_accum=1, seq_len=128, max_steps=2000, warmup_steps=100),
+         guarded=False, batch_size=16, grad_accum=1, seq_len=128, max_steps=2000, warmup_steps=100),
     _cpu('small', 'CPU recipe "5K-small"', dict(d_model=64, n_layers=4, n_heads=8, kv_heads=4, d_ff=256, max_seq_len=256, window_size=64),
          batch_size=16, grad_accum=2, seq_len=256, seq_curriculum=(128, 256), max_steps=14000),
     _cpu('med', 'CPU recipe "28K-med"', dict(d_model=128, n_layers=4, n_heads=8, kv_heads=4, d_ff=512, max_seq_len=256, window_size=64),
@@ -275,6 +288,8 @@ FINAL_MIX = DataMix('final', seed_code=1)          # stage 5, and every next-tok
 FIM_MIX = DataMix({'code': 1.0}, fim_rate=0.8, seed_code=2)
 
 # %% ../nbs/00_config.ipynb #12d64c68
+LONG_CONTEXT_CPU = 512    # the CPU seed's long-context target ("CPU practical limit")
+
 @dataclass(frozen=True)
 class Stage:
     "One stage of the pipeline: its objective, its data, and the numbers it lays over the preset."
@@ -287,10 +302,30 @@ class Stage:
     data_mix: DataMix | None = None              # what its batches draw; None: it samples from the model or reads records
     val_mix: DataMix = FINAL_MIX                 # what a next-token validation of it draws
     presets: dict = field(default_factory=dict)  # preset name -> numbers measured on that preset, over `train`
+    long_context: bool = False                   # trains past the preset's context (`context`)
+    seeds: str = ''                              # where this row's numbers differ from the seeds', and why
 
-    def numbers(self, preset:str) -> dict:
-        "The TrainConfig numbers this stage lays over `preset`'s: its own, then those measured on that preset."
-        return self.train | self.presets.get(preset, {})
+    def context(self, p:Preset|None) -> tuple[dict, dict]:
+        "The (TrainConfig, FSIEdgeConfig) numbers of a long-context stage on `p`: a longer context than the preset's, never a shorter one."
+        if not self.long_context or p is None: return {}, {}
+        start = p.train.seq_len
+        end = 2 * start if p.needs_gpu else max(LONG_CONTEXT_CPU, start)   # CPU seed: 128 -> 256 -> 512; a GPU preset: twice its own
+        steps = [start]
+        while steps[-1] < end: steps.append(min(2 * steps[-1], end))
+        train = dict(seq_len=end, seq_curriculum=tuple(steps) if len(steps) > 1 else ())
+        if p.needs_gpu:   # the same tokens per micro-batch as the preset (its memory), the same sequences per optimizer step
+            f = end // start
+            train |= dict(batch_size=max(1, p.train.batch_size // f), grad_accum=p.train.grad_accum * f)
+        return train, dict(max_seq_len=max(end, p.model.max_seq_len))
+
+    def numbers(self, preset:str|Preset|None) -> dict:
+        "The TrainConfig numbers this stage lays over `preset`'s (a name or a `Preset`): its own, its context, those measured on that preset."
+        p = PRESETS[preset] if isinstance(preset, str) else preset
+        return self.train | self.context(p)[0] | self.presets.get(p.name if p else None, {})
+
+    def model_numbers(self, preset:Preset|None) -> dict:
+        "The FSIEdgeConfig numbers it lays over `preset`'s: its context's, then its own (RoPE base)."
+        return self.context(preset)[1] | self.model
 
 # %% ../nbs/00_config.ipynb #14100261
 _SFT, _RL = dict(lr=1e-5, min_lr=1e-6, epochs=3.0, warmup_steps=10), dict(lr=1e-5, min_lr=1e-6, max_steps=500, warmup_steps=10, batch_size=4, grad_accum=1)
@@ -298,21 +333,31 @@ STAGES = {s.name: s for s in [
     Stage('stage1', 'next_token', 'pretraining mix: code, then code + natural language, then + reasoning', None, data_mix=PRETRAINING_MIX),
     Stage('stage1b', 'fim', 'code with fill-in-the-middle on 80% of documents (PSM 60%, SPM 40%)', 'stage1',
           dict(max_steps=500, warmup_steps=25), data_mix=FIM_MIX, val_mix=FIM_MIX,
-          presets=dict(tiny=dict(max_steps=200))),
+          presets=dict(tiny=dict(max_steps=200)),
+          seeds='CPU seed: 5K-10K steps. Here 500 (tiny: 200): a tenth of the presets\' pretraining steps, as the seed\'s 5K-10K is of its 100K; '
+                'raise it with --set stage1b.max_steps=N'),
     Stage('stage2', 'sft', 'instruction records (code tasks, explain-this-code); loss on the answer only', 'stage1b', _SFT,
-          presets=dict(tiny=dict(lr=3e-3, epochs=6.0, tasks='coldstart+arith', eval_interval=200))),
+          presets=dict(tiny=dict(lr=3e-3, epochs=6.0, tasks='coldstart+arith', eval_interval=200)),
+          seeds='seed numbers (lr 1e-5, 3 epochs) on every preset but tiny: lr 3e-3, 6 epochs, measured in 09a (at 1e-5 tiny learns no reply format)'),
     Stage('stage2b', 'sft_reasoning', 'cold-start reasoning records; loss on thought and answer', 'stage2', _SFT,
-          presets=dict(tiny=dict(lr=1e-3, epochs=2.0, tasks='coldstart+arith', eval_interval=200))),
+          presets=dict(tiny=dict(lr=1e-3, epochs=2.0, tasks='coldstart+arith', eval_interval=200)),
+          seeds='seed numbers (3 epochs, SFT\'s lr) on every preset but tiny: lr 1e-3, 2 epochs (09a)'),
     Stage('stage3', 'grpo_format', 'RL on record prompts; reward: structural tokens present and in order', 'stage2b', _RL,
-          presets=dict(tiny=dict(lr=3e-4, max_steps=40, tasks='coldstart+arith', max_new_tokens=88, num_prompts=32, eval_interval=10))),
+          presets=dict(tiny=dict(lr=3e-4, max_steps=40, tasks='coldstart+arith', max_new_tokens=88, num_prompts=32, eval_interval=10)),
+          seeds='the seeds name MCPO and describe only group rewards from structure (CPU) or execution (GPU); the kit trains GRPO '
+                '(Shao et al. 2024), the published method of that shape. Seed: 500-2,000 RL steps; here 500 (tiny: 40, measured in 09a)'),
     Stage('stage3b', 'grpo_execution', 'RL on code prompts; reward: the sample passes the task tests in the sandbox', 'stage3', _RL,
-          presets=dict(tiny=dict(lr=1e-4, max_steps=60, batch_size=8, tasks='arith', max_new_tokens=48, num_prompts=48, eval_interval=20))),
+          presets=dict(tiny=dict(lr=1e-4, max_steps=60, batch_size=8, tasks='arith', max_new_tokens=48, num_prompts=48, eval_interval=20)),
+          seeds='GRPO for the seeds\' MCPO, as stage3; rewards from the sandbox. Seed: 500-2,000 steps (GPU target 20K); here 500 (tiny: 60)'),
     Stage('stage4', 'dpo', 'pairs from execution results: a passing and a failing sample of one prompt', 'stage3b',
           dict(lr=5e-7, min_lr=5e-8, epochs=1.0, warmup_steps=5, dpo_beta=0.1),
-          presets=dict(tiny=dict(lr=1e-5, epochs=3.0, batch_size=8, tasks='arith', max_new_tokens=48, num_prompts=128, eval_interval=20))),
-    Stage('stage5', 'next_token', 'final data mix at 128 -> 256 -> 512 tokens with RoPE base 1e6', 'stage4',
-          dict(max_steps=500, warmup_steps=25, seq_curriculum=(128, 256, 512), seq_len=512), dict(rope_base=1e6, max_seq_len=512),
-          data_mix=FINAL_MIX, presets=dict(tiny=dict(max_steps=300, eval_interval=100))),
+          presets=dict(tiny=dict(lr=1e-5, epochs=3.0, batch_size=8, tasks='arith', max_new_tokens=48, num_prompts=128, eval_interval=20)),
+          seeds='seed: 1,000-5,000 steps at lr 5e-7. Here epochs over the pairs the previous stage\'s model yields (a fixed step count would '
+                'repeat a few pairs hundreds of times); tiny: lr 1e-5, since 5e-7 leaves the margin at 0 (09a)'),
+    Stage('stage5', 'next_token', 'final data mix at a longer context (CPU: up to 512 tokens; GPU: twice the preset\'s) with RoPE base 1e6', 'stage4',
+          dict(max_steps=500, warmup_steps=25), dict(rope_base=1e6), data_mix=FINAL_MIX, presets=dict(tiny=dict(max_steps=300, eval_interval=100)),
+          long_context=True, seeds='CPU seed: 128 -> 256 -> 512 (its practical limit), kept on the CPU presets; the cloud seed gives no '
+                                   'number, so a GPU preset doubles its own context (2,048 -> 4,096 on h100), never shortens it'),
 ]}
 
 def get_stage(name:str # one of `STAGES`

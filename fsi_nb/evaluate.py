@@ -354,9 +354,10 @@ def sizing_table(run:LoadedRun, log:pd.DataFrame, # the run's log (`read_log`); 
 def evaluate_run(run, data_dir=None, val_batches:int=20, batch_size:int=8, seq_len:int|None=None,
                  prompt:str='def fibonacci(n):\n', max_new_tokens:int=64, seed:int=0, device='cpu',
                  category_tokens:int|None=65536, # held-out tokens scored per data category (None: all)
+                 checkpoint=None,                # which: None (the best validation's), 'final', 'latest', a step or a .pt file
                  progress:bool=False) -> dict:
     "Validation loss, per-category loss and bits per byte, loss gates, sizing against measured, a sample and routing health of a run."
-    r = load_run(run, data_dir, device)
+    r = load_run(run, data_dir, device, checkpoint)
     seq_len = seq_len or r.train_config.seq_len
     val = validation_loss(r.model, r.data_dir, val_batches, batch_size, seq_len, seed)
     cats = category_metrics(r.model, r.data_dir, r.tokenizer, seq_len, batch_size, category_tokens, verify=False, progress=progress)

@@ -15,9 +15,9 @@ import fsi_nb
 from . import config as _config, layers as _layers, helix as _helix, attention as _attention, moe as _moe, model as _model
 from .config import FSIEdgeConfig, config_to_dict
 from .tokenizer import SPECIAL_TOKENS, EOT_TOKEN, PAD_TOKEN, tokenizer_sha256
-from .checkpoint import CheckpointError
+from .checkpoint import CheckpointError, list_checkpoints
 from .model import FSIEdgeModel
-from .run_folder import LoadedRun, load_run
+from .run_folder import LoadedRun, RunFolder, load_run
 
 # %% auto #0
 __all__ = ['FORMATS', 'MODEL_MODULES', 'CHECK_PROMPT', 'GGUF_ARCH', 'load_for_export', 'staged_output', 'modeling_source',
@@ -27,14 +27,26 @@ __all__ = ['FORMATS', 'MODEL_MODULES', 'CHECK_PROMPT', 'GGUF_ARCH', 'load_for_ex
 # %% ../nbs/13_export.ipynb #41865a5e
 FORMATS = ('hf', 'gguf')
 
-def load_for_export(run,          # a run folder (runs/<name>), a checkpoint file, or a `LoadedRun`
-                    data_dir=None # None: the folder the run trained on (from its config.json)
+def load_for_export(run,            # a run folder (runs/<name>), a checkpoint file, or a `LoadedRun`
+                    data_dir=None,  # None: the folder the run trained on (from its config.json)
+                    checkpoint=None # which one: None (the best validation's), 'final', 'latest' or a step (`choose_checkpoint`)
                    ) -> LoadedRun:
-    "The run's newest verified checkpoint as a model in eval mode on the CPU, with its tokenizer (hash-checked)."
+    "The run's chosen verified checkpoint as a model in eval mode on the CPU, with its tokenizer (hash-checked)."
     if isinstance(run, LoadedRun): return run
-    return load_run(run, data_dir)
+    return load_run(run, data_dir, checkpoint=checkpoint)
 
 # %% ../nbs/13_export.ipynb #01a71c51
+def _not_replaceable(out:Path) -> str | None:
+    "Why `--force` must not replace `out`; None when it is an earlier export of this kit (HF folder or GGUF files)."
+    run = RunFolder(out)
+    if out.name in ('checkpoints', 'best') or any(p.exists() for p in (run.checkpoints, run.best, run.status, run.config)) \
+       or list_checkpoints(out): return "it holds a run's checkpoints or is a run folder"
+    files = [p for p in out.rglob('*') if p.is_file()]
+    if files and all(p.suffix == '.gguf' and p.open('rb').read(4) == b'GGUF' for p in files): return None
+    try: hf = json.loads((out/'config.json').read_text()).get('model_type') == 'fsi_edge' and (out/'model.safetensors').exists()
+    except (OSError, ValueError, AttributeError): hf = False
+    return None if hf else 'it is not an earlier export of this kit (an HF folder or .gguf files)'
+
 @contextmanager
 def staged_output(out,              # the folder to create (or replace, with force)
                   force:bool=False, # replace `out` if it exists and is not empty
@@ -43,11 +55,14 @@ def staged_output(out,              # the folder to create (or replace, with for
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"{out} is a file. Fix: pass a folder for --out (it is created).")
-    if out.exists() and any(out.iterdir()) and not force:
-        raise FileExistsError(f"{out} exists and is not empty. Fix: pass a new or empty folder, or --force (force=True) to replace it.")
     for p in protect:
         if Path(p).resolve().is_relative_to(out.resolve()):
             raise ValueError(f"{out} holds {p}, which this export reads. Fix: export into another folder.")
+    if out.exists() and any(out.iterdir()) and not force:
+        raise FileExistsError(f"{out} exists and is not empty. Fix: pass a new or empty folder, or --force (force=True) to replace it.")
+    if out.exists() and any(out.iterdir()) and (why := _not_replaceable(out)):
+        raise FileExistsError(f"--force would replace {out}, but {why}; nothing was changed. Fix: export into a new folder, or "
+                              f"move {out} away yourself if it is really to go.")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent/f'.{out.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp'
     tmp.mkdir()                                # mkdir, not mkdtemp: the umask's permissions (mkdtemp's are owner-only)
@@ -537,7 +552,7 @@ def export(run,               # a run folder, a checkpoint file, or a `LoadedRun
 # %% ../nbs/13_export.ipynb #d35fb5b6
 def main(argv=None) -> int:
     "`python -m fsi_nb.export RUN --format hf|gguf --out DIR [--q8] [--force] [--check]`: export, then say what was written."
-    ap = argparse.ArgumentParser(prog='python -m fsi_nb.export', description="Export a run's final verified checkpoint for "
+    ap = argparse.ArgumentParser(prog='python -m fsi_nb.export', description="Export a run's best (or chosen) verified checkpoint for "
                                  'transformers (a folder) or as GGUF (one file).',
                                  epilog='Exit status: 0 written (and checked), 2 bad arguments or input (nothing written), '
                                         '3 written but --check found a difference.')
@@ -548,12 +563,13 @@ def main(argv=None) -> int:
     ap.add_argument('--force', action='store_true', help='replace a non-empty --out folder')
     ap.add_argument('--check', action='store_true', help='hf: load the folder with transformers alone and compare with the kit')
     ap.add_argument('--data-dir', help="the run's prepared data folder (default: from its config.json)")
+    ap.add_argument('--checkpoint', help="which checkpoint: best (default: the best validation's), final, latest or a step number")
     ap.add_argument('--threads', type=int, help="torch threads (default: torch's)")
     a = ap.parse_args(argv)
     if a.threads: torch.set_num_threads(a.threads)
     try:
         _check_options(a.format, a.q8)                          # before any loading
-        r = load_for_export(a.run, a.data_dir)
+        r = load_for_export(a.run, a.data_dir, a.checkpoint)
         path = export(r, a.out, a.format, a.q8, a.force)
     except (ValueError, FileNotFoundError, FileExistsError, CheckpointError) as e:
         print(f'error: {e}', file=sys.stderr); return 2

@@ -4,7 +4,7 @@
 
 # %% ../nbs/08d_run_folder.ipynb #1a53b08e
 from __future__ import annotations
-import json, os
+import json, os, sys
 from dataclasses import dataclass, field, fields, asdict
 from pathlib import Path
 from typing import Callable
@@ -23,9 +23,9 @@ from .runs import resolve_device, json_safe, git_commit
 # %% auto #0
 __all__ = ['SECTIONS', 'OBJECTIVE_KEYS', 'CONFIG_UPGRADES', 'CHECKPOINT_FORMAT', 'PICKS', 'RunFolder', 'write_json', 'read_json',
            'RunConfig', 'write_config', 'read_config', 'is_smoke_run', 'Status', 'write_status', 'read_status',
-           'write_eval', 'read_eval', 'truncate_log', 'RunFolderError', 'check_writable', 'UpgradeError',
-           'ConfigUpgrade', 'upgrade_config', 'Checkpoint', 'save_run_checkpoint', 'read_checkpoint', 'pick_checkpoint',
-           'check_compatible', 'LoadedRun', 'load_run']
+           'write_eval', 'read_eval', 'truncate_log', 'read_loss_history', 'RunFolderError', 'check_writable',
+           'UpgradeError', 'ConfigUpgrade', 'upgrade_config', 'Checkpoint', 'save_run_checkpoint', 'read_checkpoint',
+           'pick_checkpoint', 'choose_checkpoint', 'check_compatible', 'LoadedRun', 'load_run']
 
 # %% ../nbs/08d_run_folder.ipynb #a508b01b
 @dataclass(frozen=True)
@@ -40,6 +40,8 @@ class RunFolder:
     def status(self) -> Path: return self.path/'status.json'      # what it is doing, or how it ended (`Status`)
     @property
     def log(self) -> Path: return self.path/'log.jsonl'           # one JSON line per logged step
+    @property
+    def loss_history(self) -> Path: return self.path/'loss_history.jsonl'   # every step's loss, one short line each
     @property
     def evaluation(self) -> Path: return self.path/'eval.json'          # the last evaluation's numbers
     @property
@@ -198,6 +200,17 @@ def truncate_log(path:Path, step:int):
     except OSError as e:   # the temp file failed; the log itself is untouched
         raise CheckpointError(f"could not rewrite {path} to resume at step {step}: {disk_error(e)}; the log "
                               "and checkpoints are intact. Fix: free space on that disk (or raise the limit), then resume.") from e
+
+def read_loss_history(run) -> list:
+    "Every optimizer step's training loss of `run`, in step order (None for a skipped step): the seed's `loss_history`."
+    path, out = RunFolder.of(run).loss_history, {}
+    if not path.exists(): return []
+    for line in path.read_text().splitlines():
+        try: rec = json.loads(line)
+        except json.JSONDecodeError: continue     # a line cut short by a kill
+        out[rec['step']] = rec['loss']
+    return [out[k] for k in sorted(out)]
+
 
 # %% ../nbs/08d_run_folder.ipynb #3882626a
 class RunFolderError(CheckpointError):
@@ -373,6 +386,16 @@ def _verified(p:Path) -> Path:
     return p
 
 # %% ../nbs/08d_run_folder.ipynb #8385e0be
+def _refuse_export(path:Path):
+    "An export of a run is not the run: say which kind it is, and what reads it."
+    if path.is_file() and path.open('rb').read(4) == b'GGUF':
+        raise ValueError(f"{path} is a GGUF export (fsi_nb.export --format gguf), not a checkpoint; the kit's commands read the run "
+                         "folder it came from. Fix: pass that run folder (runs/<name>) or one of its checkpoints/step_*.pt files, or "
+                         "read the GGUF with fsi_nb.export.load_gguf or a GGUF runtime.")
+    if path.is_dir() and (path/'model.safetensors').exists() and not (path/'checkpoints').exists():
+        raise ValueError(f"{path} is a transformers export (fsi_nb.export --format hf), not a run folder. Fix: pass the run folder it came "
+                         "from (runs/<name>), or load it with transformers: AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True).")
+
 def pick_checkpoint(run,            # a run folder, its checkpoints/ folder, or a checkpoint file
                     which='final'   # 'final', 'latest', 'best', or a step number
                    ) -> tuple[Path|None, list[tuple[Path, str]]]:
@@ -382,6 +405,7 @@ def pick_checkpoint(run,            # a run folder, its checkpoints/ folder, or 
     if not run.exists():
         raise FileNotFoundError(f"{run} does not exist. Fix: pass a run folder (runs/<name>) or one of its checkpoints "
                                 "(runs/<name>/checkpoints/step_*.pt).")
+    _refuse_export(run)
     if run.is_file():
         if which not in ('final', 'latest'): raise ValueError(f"{run} is one checkpoint, and checkpoint={which!r} picks among a "
                                                               "run's. Fix: pass its run folder.")
@@ -408,6 +432,21 @@ def pick_checkpoint(run,            # a run folder, its checkpoints/ folder, or 
         raise FileNotFoundError(f"no valid checkpoint in {rolling}. Fix: train that run first (nbs/train.ipynb or python -m "
                                 "fsi_nb.train), or pass another run folder or a checkpoint file.")
     return path, skipped
+
+def choose_checkpoint(run,          # a run folder, its checkpoints/ folder, or a checkpoint file
+                      which=None    # None: 'best' (a file: itself; a run that never validated: 'final'); a .pt file; else as `pick_checkpoint`
+                     ) -> tuple[Path, list[tuple[Path, str]], str]:
+    "The checkpoint a reader of `run` takes, the skipped ones, and a line that says which and why (for the reader to print)."
+    run = Path(run)
+    if isinstance(which, (str, Path)) and str(which).endswith('.pt'): run, which = Path(which), None   # a checkpoint file named outright
+    if which is None:
+        has_best = run.is_dir() and any(list_checkpoints(RunFolder.of(run).best))
+        which, why = ('final', 'a checkpoint file') if run.is_file() else ('best', 'the default') if has_best else \
+                     ('final', 'the run has no best/ checkpoint')
+    else: why = 'as asked'
+    path, skipped = pick_checkpoint(run, which)
+    return path, skipped, f"checkpoint: {path} ({which}, {why}; choose with --checkpoint best|final|latest|STEP)"
+
 
 # %% ../nbs/08d_run_folder.ipynb #ff48fff3
 def check_compatible(ck:Checkpoint,                      # what the run folder gave
@@ -447,12 +486,14 @@ class LoadedRun:
 def load_run(run,                       # a run folder (runs/<name>), its checkpoints/ folder, or a checkpoint file
              data_dir=None,             # None: the folder the run trained on (from config.json)
              device:str|torch.device='cpu',
-             checkpoint='final'         # which one (`pick_checkpoint`): 'final', 'latest', 'best' or a step number
+             checkpoint=None,           # which one (`choose_checkpoint`): None (best), 'final', 'latest', 'best' or a step number
+             quiet:bool=False           # True: do not print which checkpoint was taken
             ) -> LoadedRun:
-    "A run's checkpoint (the newest that verifies) as a model in eval mode, with its tokenizer (the same SHA-256 as in training)."
+    "A run's checkpoint (by default its best validation's) as a model in eval mode, with its tokenizer (the same SHA-256 as in training)."
     device = resolve_device(str(device))   # a missing GPU is a clear error, before any loading
-    path, skipped = pick_checkpoint(run, checkpoint)
-    for p, why in skipped: print(f'skipping checkpoint {p}: {why}')
+    path, skipped, line = choose_checkpoint(run, checkpoint)
+    for p, why in skipped: print(f'skipping checkpoint {p}: {why}', file=sys.stderr)
+    if not quiet: print(line, file=sys.stderr)
     ck, info = read_checkpoint(path), read_config(RunFolder.of(path).path) or RunConfig()
     data_dir = Path(data_dir or info.data_dir or '')
     if not (data_dir/'tokenizer').exists():

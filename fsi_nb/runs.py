@@ -182,13 +182,13 @@ def _stage_configs(p:Preset, stage:Stage, s:Settings, smoke:bool, tover:dict, mo
     # settings.ini holds the machine's run plumbing; presets leave those fields at their defaults
     t = replace(p.train, log_interval=s.log_interval, save_interval=s.save_interval, save_minutes=s.save_minutes,
                 seed=s.seed, **(dict(device=s.device) if s.device != 'auto' else {}))
-    numbers, ocls = stage.numbers(p.name), OBJECTIVE_CONFIGS[stage.objective]
+    numbers, ocls = stage.numbers(p), OBJECTIVE_CONFIGS[stage.objective]
     if smoke: t, numbers = replace(t, **_SMOKE), {k: v for k, v in numbers.items() if k not in _SMOKE and k not in _SMOKE_OBJECTIVE}
     tnum, onum = ({k: v for k, v in numbers.items() if k in names} for names in (_names(TrainConfig), _names(ocls)))
     if smoke: onum |= {k: v for k, v in _SMOKE_OBJECTIVE.items() if k in _names(ocls)}
     if 'max_steps' in tover and 'epochs' in onum and 'epochs' not in oover: onum['epochs'] = 0.0   # the caller's steps, not the stage's epochs
     t = replace(t, **(tnum | tover | dict(stage=stage.name)))
-    return t, replace(p.model, **(stage.model | mover)), ocls(**(onum | oover)) if ocls else None
+    return t, replace(p.model, **(stage.model_numbers(p) | mover)), ocls(**(onum | oover)) if ocls else None
 
 # %% ../nbs/08b_runs.ipynb #8a620d6c
 def resolve_run(preset:str='tiny',      # a name in `fsi_nb.config.PRESETS`

@@ -239,8 +239,9 @@ class Server:
                  max_active:int=64,          # generations in progress at once; more wait their turn
                  name:str|None=None,         # the model's name in the API; None: the run folder's name
                  slice_ms:float=10,          # a worker runs one request's steps for this long (at least one) before the next request's turn
+                 checkpoint=None,            # which: None (the best validation's), 'final', 'latest' or a step (`choose_checkpoint`)
                 ):
-        self.run = run if isinstance(run, LoadedRun) else load_run(run, data_dir, device)
+        self.run = run if isinstance(run, LoadedRun) else load_run(run, data_dir, device, checkpoint)
         self.model, self.tok, cfg = self.run.model.eval(), self.run.tokenizer, self.run.model_config
         self.device = next(self.model.parameters()).device
         if threads and self.device.type == 'cpu': torch.set_num_threads(threads)
@@ -404,7 +405,7 @@ def _url(sock:socket.socket) -> str:
     host, port = sock.getsockname()[:2]
     return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
-_SERVER_FLAGS = ('data_dir', 'device', 'workers', 'threads', 'max_tokens_limit', 'max_active', 'name', 'slice_ms')
+_SERVER_FLAGS = ('data_dir', 'device', 'workers', 'threads', 'max_tokens_limit', 'max_active', 'name', 'slice_ms', 'checkpoint')
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog='python -m fsi_nb.serve', description='Serve a trained fsi_nb run over an OpenAI-style HTTP '
@@ -412,6 +413,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument('run', help='a run folder (runs/<name>) or a checkpoint file (runs/<name>/checkpoints/step_*.pt)')
     ap.add_argument('--port', type=int, default=8000, help='TCP port (default 8000; 0 picks a free one, printed)')
     ap.add_argument('--host', default='127.0.0.1', help='address to listen on (default 127.0.0.1: this machine only; there is no authentication)')
+    ap.add_argument('--checkpoint', help="which checkpoint: best (default: the best validation's), final, latest or a step number")
     ap.add_argument('--data-dir', help="the run's data folder, for its tokenizer (default: the one it trained on)")
     ap.add_argument('--device', default='auto', help="'auto' (CUDA when present), 'cpu', 'cuda' or 'cuda:N'")
     ap.add_argument('--workers', type=int, help='threads computing tokens (default: one per core; 0: on the event loop, a blocking baseline)')

@@ -12,7 +12,7 @@ import numpy as np, torch
 from tqdm import tqdm
 from fastcore.basics import patch
 
-from .config import TrainConfig, Settings, config_to_dict, load_settings
+from .config import TrainConfig, Settings, STAGES, config_to_dict, load_settings
 from .tokenizer import load_tokenizer, structure_tables
 from .data import ensure_prepared
 from .shards import verify_manifest, manifest_sha256
@@ -20,7 +20,8 @@ from .model import FSIEdgeModel, unwrap
 from .checkpoint import CheckpointError, list_checkpoints, rng_state, set_rng_state, seed_everything, rank_seed
 from .runs import RunSpec, SCRATCH, resolve_run, warn_short_warmup, autocast_context, tune_cpu_allocator, CPUShare, json_safe, git_commit, to_json
 from .run_folder import (RunFolder, RunConfig, Status, Checkpoint, check_writable, is_smoke_run, truncate_log, write_config,
-                               write_status, read_status, save_run_checkpoint, read_checkpoint, pick_checkpoint, check_compatible)
+                               write_status, read_status, save_run_checkpoint, read_checkpoint, pick_checkpoint, choose_checkpoint,
+                               check_compatible)
 from .objectives import make_objective, GRPO, DPO
 from .distributed import (Ranks, init_ranks, wrap_model, grad_sync, clip_grad_norm,
                                 full_model_state, full_optimizer_state, load_optimizer_state, restore_rng,
@@ -195,11 +196,19 @@ def build_model(spec:RunSpec, data_dir) -> FSIEdgeModel:
     model.set_structure_tables(**structure_tables(load_tokenizer(Path(data_dir)/'tokenizer')))
     return model.to(spec.device)
 
-def load_init_weights(model, init_from, tokenizer_sha256:str, data_dir=None) -> Path:
-    "Load the final weights of the run (or checkpoint) `init_from` into `model`; they must come from the same tokenizer."
-    path = pick_checkpoint(init_from, 'final')[0]
+_STAGE_MAY_CHANGE = {'dropout'} | {k for s in STAGES.values() for k in s.model}   # model fields a stage lays over the weights it starts from
+
+def load_init_weights(model, init_from, tokenizer_sha256:str, data_dir=None, which:str|None=None) -> Path:
+    "Load the weights of the run (or checkpoint) `init_from` (its best by default: `choose_checkpoint`) into `model`: same tokenizer, same architecture."
+    path, skipped, line = choose_checkpoint(init_from, which or None)
+    for p, why in skipped: print(f'skipping checkpoint {p}: {why}', file=sys.stderr)
+    print(f'init_from {line}', file=sys.stderr)
     ck = read_checkpoint(path)
     check_compatible(ck, data_dir, f"train this stage (init_from={init_from}) on the data folder that run used (data_dir)", tokenizer_sha256)
+    theirs, ours = config_to_dict(ck.model_config), config_to_dict(model.cfg)
+    if diff := {k: (theirs.get(k), v) for k, v in ours.items() if theirs.get(k) != v and k not in _STAGE_MAY_CHANGE}:
+        raise ValueError(f"init_from={init_from} has another architecture: {diff} (that run, this one). Fix: start this run with the "
+                         "preset, --arch and model overrides of the run it starts from (its config.json), or use --init-from scratch.")
     missing, unexpected = model.load_state_dict(ck.model, strict=False)
     if missing or unexpected:
         raise ValueError(f"init_from={init_from} has another architecture (missing {missing[:4]}, unexpected {unexpected[:4]}). "
@@ -320,7 +329,7 @@ def _objective_and_model(spec:RunSpec, ranks:Ranks, tok_sha:str, cap) -> tuple:
         raise ValueError(f"{spec.stage.name} samples from the model, which the ranks of a sharded (FSDP2) MoE model cannot do apart. "
                          "Fix: train this stage on one process (nproc=1), or a dense model.")
     model = build_model(spec, data_dir)
-    init = load_init_weights(model, spec.train.init_from, tok_sha, data_dir) if spec.train.init_from not in ('', SCRATCH) else None
+    init = load_init_weights(model, spec.train.init_from, tok_sha, data_dir, spec.train.init_checkpoint) if spec.train.init_from not in ('', SCRATCH) else None
     objective.setup(model)                        # from the starting weights (reference models, DPO pairs)
     if (n := objective.steps()) is not None: spec.train = replace(spec.train, max_steps=cap(max(n, 1)))   # epochs -> steps (DPO: once its pairs exist)
     if not spec.smoke and ranks.main: warn_short_warmup(spec.train)
@@ -378,7 +387,8 @@ def train(preset:str='tiny',          # a name in `fsi_nb.config.PRESETS`
 # %% ../nbs/09_train.ipynb #22b6b8fc
 def _open_run_folder(spec:RunSpec, info:RunConfig, st:TrainState):
     "Rank 0 opens the run folder: the log cut back to the step it resumes from, config.json, and status 'running'."
-    truncate_log(RunFolder(spec.run_dir).log, st.step)   # steps from here on are trained again (all of them when no checkpoint survived)
+    folder = RunFolder(spec.run_dir)
+    for f in (folder.log, folder.loss_history): truncate_log(f, st.step)   # steps from here on are trained again (all when no checkpoint survived)
     write_config(spec.run_dir, info)
     write_status(spec.run_dir, Status(state='running', pid=os.getpid(), host=info.host, step=st.step, total_steps=spec.train.max_steps,
                                       stage=spec.train.stage, started=time.time()))
@@ -446,7 +456,9 @@ def run(self:_Loop):
                 mininterval=0.5 if sys.stderr.isatty() else 10, file=sys.stderr)
     if st.step == 0 and not st.evals:   # the starting weights: the "before" of this stage's metric
         self._validate(); self._save(best=True)
-    with StopOnSignal() as sig, open(self.run_dir/'log.jsonl', 'a') if ranks.main else contextlib.nullcontext() as log:
+    folder = RunFolder(self.run_dir)
+    with StopOnSignal() as sig, open(folder.log, 'a') if ranks.main else contextlib.nullcontext() as log, \
+         open(folder.loss_history, 'a') if ranks.main else contextlib.nullcontext() as losses:
         while st.step < total and not signalled():
             t_step, rng_at_step = time.perf_counter(), rng_state()   # dropout draws from it: a dropped step must not advance it
             self.cmodel.train()
@@ -462,6 +474,7 @@ def run(self:_Loop):
             lr = self.opt.param_groups[0]['lr']   # this step's (the scheduler moves it after)
             self.sched.step()
             st.step += 1; st.tokens += r.tokens; self.session_tokens += r.tokens
+            if ranks.main: losses.write(json.dumps(dict(step=st.step - 1, loss=r.loss if r.ok else None)) + '\n'); losses.flush()
             now = time.perf_counter()
             step_s = now - t_step if step_s is None else 0.9 * step_s + 0.1 * (now - t_step)
             val = self._validate() if self._validation_due() else None
@@ -567,12 +580,21 @@ def _log(self:_Loop, log, r, lr, now, val):
     if val: rec.update(val)
     if self.spec.model.is_moe and r.metrics.get('routing'): rec['routing'] = routing_record(r.metrics['routing'])
     log.write(json.dumps(json_safe(rec), allow_nan=False) + '\n'); log.flush()   # a skipped step's loss: null
+    if not self.progress: print(_console_line(rec, val), flush=True)   # no bar: the seed's plain line every log_interval steps
     self.last_log, self.last_log_tokens = now, st.tokens
     if self.callback is not None:
         try: self.callback(rec)
         except Exception as e:   # a dashboard bug must not end a long run
             warnings.warn(f'callback failed and is switched off: {e!r}'); self.callback = None
     self.timings['log'] += time.perf_counter() - t0
+
+def _console_line(rec:dict, val:dict|None) -> str:
+    "The log record as one plain console line (what a run without a progress bar prints)."
+    loss = 'not finite' if rec['loss'] is None or not math.isfinite(rec['loss']) else f"{rec['loss']:.4f}"
+    parts = [f"step {rec['step']}/{rec['total_steps']}", f"loss {loss}", f"avg {rec['avg_loss']:.4f}" if rec.get('avg_loss') is not None else '',
+             f"lr {rec['lr']:.2e}", f"grad {rec['grad_norm']:.3f}", f"{rec['tokens_per_sec']:,.0f} tok/s", f"{rec['elapsed_hours']:.3f} h"]
+    parts += [f'{k} {v:.4f}' for k, v in (val or {}).items() if isinstance(v, float)]
+    return ' | '.join(p for p in parts if p)
 
 @patch
 def _seq_len(self:_Loop):

@@ -151,6 +151,15 @@ def test_errors_are_clear_and_change_nothing(runs, tmp_path):
     assert (runs['dense']/'checkpoints').is_dir()
     p = cli(empty, '--format', 'hf', '--out', tmp_path/'o5')   # and from a real command line: the exit status
     assert p.returncode == 2 and 'no valid checkpoint' in p.stderr and not (tmp_path/'o5').exists()
-    with contextlib.redirect_stdout(io.StringIO()):                         # --force replaces
-        assert main([str(runs['dense']), '--format', 'gguf', '--out', str(taken), '--force']) == 0
-    assert [x.name for x in taken.iterdir()] == ['model-f32.gguf']
+    for out, says in ((taken, 'not an earlier export'), (runs['dense']/'best', "holds a run's checkpoints"),
+                      (runs['dense']/'checkpoints', "holds a run's checkpoints")):   # --force never replaces these
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            rc = main([str(runs['dense']), '--format', 'hf', '--checkpoint', 'final', '--out', str(out), '--force'])
+        assert rc == 2 and says in err.getvalue() and 'nothing was changed' in err.getvalue(), (out, rc, err.getvalue())
+    assert [p.name for p in taken.iterdir()] == ['keep.txt'] and any((runs['dense']/'best').glob('*.pt'))
+    again = tmp_path/'again'
+    with contextlib.redirect_stdout(io.StringIO()):                         # --force replaces an earlier export
+        assert main([str(runs['dense']), '--format', 'hf', '--out', str(again)]) == 0
+        assert main([str(runs['dense']), '--format', 'gguf', '--out', str(again), '--force']) == 0
+    assert [x.name for x in again.iterdir()] == ['model-f32.gguf']

@@ -1,7 +1,7 @@
 """`python -m fsi_nb.serve` as a user runs it: a real server in a subprocess on a free loopback port, serving a tiny run
 trained here, hit over HTTP with httpx: completions, chat, streams, bad requests (the server stays up), a client that
 hangs up mid-stream, and 16 concurrent clients."""
-import json, os, socket, subprocess, sys, time
+import contextlib, io, json, os, socket, subprocess, sys, time
 
 import httpx, pytest, torch
 
@@ -151,12 +151,15 @@ def test_load_16_clients_x_20_requests(url):
 def test_command_line_errors_name_the_fix(tiny_run, tmp_path, capsys):
     "Each mistake ends with exit code 2 and a message with the fix, before anything is served (`main` in-process: the server's own subprocess is above)."
     from fsi_nb.serve import main
+    from fsi_nb.export import export_gguf
+    with contextlib.redirect_stderr(io.StringIO()): gguf = export_gguf(tiny_run, tmp_path/'gguf')   # the kit's own export is not a run
     with socket.create_server(('127.0.0.1', 0)) as busy:
         for argv, words in [([tmp_path/'nothing', '--port', 0], 'does not exist. Fix:'),
                             ([tiny_run, '--workers', '-1'], '--workers -1: must be at least 0'),
                             ([tiny_run, '--port', '70000'], 'is not a TCP port. Fix:'),
                             ([tiny_run, '--port', busy.getsockname()[1]], 'cannot listen on 127.0.0.1'),
-                            ([tiny_run, '--port', 0, '--device', 'tpu'], "--device 'tpu' is not one")]:
+                            ([tiny_run, '--port', 0, '--device', 'tpu'], "--device 'tpu' is not one"),
+                            ([gguf, '--port', 0], 'is a GGUF export'), ([tiny_run, '--port', 0, '--checkpoint', 'step 7'], 'no checkpoint of step 7')]:
             with pytest.raises(SystemExit) as e: main([str(a) for a in argv])
             err = capsys.readouterr().err
             assert e.value.code == 2 and words in err and 'Fix:' in err, err
