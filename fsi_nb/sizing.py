@@ -357,7 +357,9 @@ def step_rate(preset_or_cfg,           # preset name, `Preset` or `FSIEdgeConfig
     else:
         m = measured_mfu(p.name, gpu, precision)
         mfu, source = m['mfu'], m['source']
-    return dict(throughput(p.model, gpu, mfu, seq_len, precision), mfu_source=source)
+    out = dict(throughput(p.model, gpu, mfu, seq_len, precision), mfu_source=source)
+    if tokens_per_sec is not None: out['tokens_per_sec'] = float(tokens_per_sec)   # the measurement itself, not its round trip through mfu
+    return out
 
 
 # %% ../nbs/01_sizing.ipynb #41e29257
@@ -452,7 +454,9 @@ def plan_run(preset_or_cfg,              # preset name, `Preset` or `FSIEdgeConf
     budget_tokens = rate['tokens_per_sec'] * hours * margin * 3600
     budget_steps = max(1, int(budget_tokens // t.tokens_per_step))
     cap_tokens = epochs * corpus_tokens if corpus_tokens else None
-    cap_steps = max(1, int(cap_tokens // t.tokens_per_step)) if cap_tokens else None
+    cap_steps = int(cap_tokens // t.tokens_per_step) if cap_tokens else None
+    if cap_tokens is not None and cap_tokens < t.tokens_per_step:
+        raise ValueError(f"{epochs:g} epochs of {corpus_tokens:,} tokens are less than one optimizer step ({t.tokens_per_step:,} tokens). Fix: more data, or more epochs.")
     capped = cap_steps is not None and budget_steps > cap_steps
     steps = cap_steps if capped else budget_steps
     out = dict(preset=p.name, gpu=gpu, hours=hours, mfu=rate['mfu'], mfu_source=rate['mfu_source'], tokens_per_sec=rate['tokens_per_sec'],
