@@ -11,10 +11,11 @@ from fastcore.imports import in_notebook
 from .config import FSIEdgeConfig, TrainConfig, Preset, PRESETS, get_preset, loss_chunk_rows
 
 # %% auto #0
-__all__ = ['GPU_PEAKS', 'ParamCount', 'count_params', 'mean_window_keys', 'popcount_sum', 'attention_keys', 'flops_per_token',
-           'activation_bytes', 'loss_buffer_bytes', 'training_memory', 'cpu_name', 'measure_cpu_peak',
-           'cpu_has_fast_bf16', 'peak_flops', 'throughput', 'tokens_in_budget', 'chinchilla_optimal', 'optimizer_steps',
-           'device_memory', 'report', 'human', 'format_report', 'main', 'seed_claims_table', 'plot_tokens_vs_params',
+__all__ = ['GPU_PEAKS', 'MEASURED_MFU', 'ParamCount', 'count_params', 'mean_window_keys', 'popcount_sum', 'attention_keys',
+           'flops_per_token', 'activation_bytes', 'loss_buffer_bytes', 'training_memory', 'cpu_name',
+           'measure_cpu_peak', 'cpu_has_fast_bf16', 'peak_flops', 'throughput', 'tokens_in_budget',
+           'chinchilla_optimal', 'optimizer_steps', 'measured_mfu', 'step_rate', 'device_memory', 'report', 'human',
+           'format_report', 'plan_run', 'format_plan', 'main', 'seed_claims_table', 'plot_tokens_vs_params',
            'presets_table', 'report_table', 'has_widget_frontend', 'sizing_explorer', 'cloud_shape', 'size_for_budget']
 
 # %% ../nbs/01_sizing.ipynb #b6849f19
@@ -295,6 +296,72 @@ def optimizer_steps(tokens:int, batch_size:int, grad_accum:int, seq_len:int) -> 
         if v < 1: raise ValueError(f"{k}={v}: must be positive. Fix: set {k} >= 1.")
     return int(tokens) // (batch_size * grad_accum * seq_len)
 
+# %% ../nbs/01_sizing.ipynb #8250778c
+_GPU_RUN = "12_bench 'Results on a GPU': one H200, torch 2.11.0+cu130, bf16 autocast, 2026-11-30 (commit 181a88a)"
+_CPU_RUN = "notes/bench-cpu.md: 2-core AMD EPYC with AVX512-BF16, torch 2.13.0+cpu, 2 threads, eager, fused loss, 2026-11-30"
+MEASURED_MFU = {  # (preset, device kind, precision) -> a measured training step; mfu is against the datasheet (GPU) or the measured matmul ceiling (CPU)
+    ('h100', 'h200', 'bf16'): dict(mfu=0.0702, mfu_ceiling=0.096, tokens_per_sec=280_695, batch_size=16, seq_len=2048, compiled=True,
+                                   source=f"{_GPU_RUN}, compiled, micro-batch 16 x 2048"),
+    ('a100', 'h200', 'bf16'): dict(mfu=0.0395, mfu_ceiling=0.048, tokens_per_sec=39_407, batch_size=8, seq_len=2048, compiled=False,
+                                   source=f"{_GPU_RUN}, eager, micro-batch 8 x 2048 (the preset trains compiled: not measured)"),
+    ('h200', 'h200', 'bf16'): dict(mfu=0.0474, mfu_ceiling=0.058, tokens_per_sec=26_607, batch_size=4, seq_len=4096, compiled=False,
+                                   source=f"{_GPU_RUN}, eager, micro-batch 4 x 4096 (the preset now takes 8, compiled: not measured)"),
+    ('cipher', 'h200', 'bf16'): dict(mfu=0.0468, mfu_ceiling=0.057, tokens_per_sec=36_035, batch_size=4, seq_len=4096, compiled=False,
+                                     source=f"{_GPU_RUN}, eager, micro-batch 4 x 4096 (the preset trains compiled: not measured)"),
+    **{(p, 'cpu', prec): dict(mfu=m, tokens_per_sec=t, batch_size=16, seq_len=T, compiled=False, source=f"{_CPU_RUN}, {prec}, micro-batch 16 x {T}")
+       for p, prec, m, t, T in (('tiny', 'fp32', 0.4312, 6_993, 128), ('tiny', 'bf16', 0.2329, 15_150, 128),
+                                ('small', 'fp32', 0.3991, 6_089, 256), ('small', 'bf16', 0.2112, 12_930, 256),
+                                ('med', 'fp32', 0.5826, 4_027, 256), ('med', 'bf16', 0.3345, 9_273, 256))},
+}
+
+
+# %% ../nbs/01_sizing.ipynb #af93ba8e
+def _peak_of(device:str) -> float: return GPU_PEAKS[device]['bf16'] if device in GPU_PEAKS else 0.0
+
+def measured_mfu(preset:str,           # a preset name ('custom' and other names find no row of their own)
+                 gpu:str,              # 'a100', 'h100', 'h200' or 'cpu'
+                 precision:str='bf16'  # what the run trains in
+                ) -> dict:
+    "The `MEASURED_MFU` figure for `preset` on `gpu`: its own row, else the closest measured one, and a source that says which."
+    if gpu != 'cpu' and gpu not in GPU_PEAKS: raise ValueError(f"unknown gpu {gpu!r}. Fix: use one of {', '.join([*GPU_PEAKS, 'cpu'])}.")
+    kind = 'CPU' if gpu == 'cpu' else 'GPU'
+    rows = {k: v for k, v in MEASURED_MFU.items() if (k[1] == 'cpu') == (gpu == 'cpu') and k[2] == precision}
+    if not rows: raise ValueError(f"no measured {kind} figure in {precision}. Fix: pass mfu= (--mfu) or tokens_per_sec= (--tokens-per-sec).")
+    if (preset, gpu, precision) in rows:
+        k, note = (preset, gpu, precision), 'measured'
+    elif same := [k for k in rows if k[0] == preset]:   # same preset, another device: the nearest peak (h100 and h200 are one chip)
+        k = min(same, key=lambda k: abs(math.log((_peak_of(k[1]) or 1) / (_peak_of(gpu) or 1))))
+        note = f"fallback: {preset} not measured on {gpu}; its {k[1]} figure"
+    else:                                              # never measured: the lowest figure of its kind, labelled a guess
+        k = min(rows, key=lambda k: rows[k]['mfu'])
+        note = f"stated guess: {preset} never measured on a {kind}; the lowest measured {kind} figure ({k[0]} on {k[1]})"
+    return dict(mfu=rows[k]['mfu'], row=k, measured=note == 'measured', source=f"{note}: {rows[k]['source']}")
+
+
+# %% ../nbs/01_sizing.ipynb #ec0b920e
+def step_rate(preset_or_cfg,           # preset name, `Preset` or `FSIEdgeConfig`
+              gpu:str='h100',          # 'a100', 'h100', 'h200' or 'cpu'
+              mfu:float=None,          # override; None: the `MEASURED_MFU` table
+              tokens_per_sec:float=None, # a rate measured by a real run on this device: wins over both
+              seq_len:int=None,        # default cfg.max_seq_len
+              precision:str=None       # default: the trainer's (see `throughput`)
+             ) -> dict:
+    "`throughput`'s figures with `mfu` from a measured rate, the given value or the table, and `mfu_source` saying which."
+    p = _resolve(preset_or_cfg)
+    precision = precision or _precision_for(gpu)
+    if tokens_per_sec is not None:
+        if not tokens_per_sec > 0: raise ValueError(f"tokens_per_sec={tokens_per_sec}: must be positive. Fix: pass a run's measured tokens/s, e.g. 4456.")
+        mfu = tokens_per_sec * flops_per_token(p.model, seq_len)['total'] / peak_flops(gpu, precision)[0]
+        source = f"measured rate given: {tokens_per_sec:,.0f} tokens/s"
+    elif mfu is not None: source = 'given (mfu override)'
+    else:
+        m = measured_mfu(p.name, gpu, precision)
+        mfu, source = m['mfu'], m['source']
+    out = dict(throughput(p.model, gpu, mfu, seq_len, precision), mfu_source=source)
+    if tokens_per_sec is not None: out['tokens_per_sec'] = float(tokens_per_sec)   # the measurement itself, not its round trip through mfu
+    return out
+
+
 # %% ../nbs/01_sizing.ipynb #41e29257
 def device_memory(gpu:str) -> int:
     "Bytes of memory on `gpu` (as advertised), or this machine's RAM for 'cpu'."
@@ -306,9 +373,10 @@ def device_memory(gpu:str) -> int:
 def report(preset_or_cfg,        # preset name, `Preset` or `FSIEdgeConfig`
            hours:float=8.0,      # time budget
            gpu:str=None,         # 'a100', 'h100', 'h200', 'cpu'; default from the preset
-           mfu:float=0.4,        # fraction of the peak the run reaches
+           mfu:float=None,       # override; None: the `MEASURED_MFU` table (`step_rate`)
            seq_len:int=None,     # default the preset's training seq_len
-           precision:str=None    # default: the trainer's ('bf16' on a GPU and on a CPU with native bf16, else 'fp32')
+           precision:str=None,   # default: the trainer's ('bf16' on a GPU and on a CPU with native bf16, else 'fp32')
+           tokens_per_sec:float=None # a rate measured on this device: wins over mfu and the table
           ) -> dict:
     "Parameters, FLOPs, throughput, tokens and steps in the budget, memory and Chinchilla figures, as plain values."
     p = _resolve(preset_or_cfg)
@@ -316,15 +384,16 @@ def report(preset_or_cfg,        # preset name, `Preset` or `FSIEdgeConfig`
     gpu = gpu or (p.name if p.name in GPU_PEAKS else 'h100' if p.needs_gpu else 'cpu')
     T = seq_len or train.seq_len
     pc, f = count_params(cfg), flops_per_token(cfg, T)
-    tp = throughput(cfg, gpu, mfu, T, precision)
-    tokens = tokens_in_budget(cfg, hours, gpu, mfu, T, tp['precision'])
+    if hours <= 0: raise ValueError(f"hours={hours}: must be positive. Fix: e.g. hours=8.")
+    tp = step_rate(p, gpu, mfu, tokens_per_sec, T, precision)
+    mfu, tokens = tp['mfu'], int(tp['tokens_per_sec'] * hours * 3600)
     train = replace(train, seq_len=T)
     mem, mem_ckpt = (training_memory(cfg, train, tp['precision'], ck) for ck in (False, True))
     budget = tp['peak_flops'] * mfu * hours * 3600
     n_opt, d_opt = chinchilla_optimal(budget)
     planned = train.max_steps * train.tokens_per_step
     usable = 0.85 * device_memory(gpu)
-    return dict(preset=p.name, gpu=gpu, hours=hours, mfu=mfu, precision=tp['precision'], seq_len=T,
+    return dict(preset=p.name, gpu=gpu, hours=hours, mfu=mfu, mfu_source=tp['mfu_source'], precision=tp['precision'], seq_len=T,
                 params_total=pc.total, params_active=pc.active, params_non_embedding=pc.non_embedding,
                 params_by_component=pc.by_component, params_active_by_component=pc.active_by_component,
                 flops_per_token=f['total'], flops_per_token_by_part=f,
@@ -351,10 +420,11 @@ def format_report(r:dict) -> str:
     att = f['attention_local'] + f['attention_struct'] + f['attention_global']
     gb = lambda b: f"{b / 1e9:.2f} GB"
     return '\n'.join([
-        f"fsi_nb sizing: {r['preset']} on {r['gpu']}, {r['hours']:g} h at MFU {r['mfu']:g} ({r['precision']}, seq_len {r['seq_len']})",
+        f"fsi_nb sizing: {r['preset']} on {r['gpu']}, {r['hours']:g} h at MFU {r['mfu']:.3g} ({r['precision']}, seq_len {r['seq_len']})",
         f"params       total {r['params_total']:,}  active {r['params_active']:,}  non-embedding {r['params_non_embedding']:,}",
         f"FLOPs/token  {human(r['flops_per_token'])} = 6N matmul {human(f['matmul'])} + lm_head {human(f['lm_head'])} + attention {human(att)}",
         f"peak         {human(r['peak_flops'], 'FLOP/s')}  ({r['peak_source']})",
+        f"MFU          {r['mfu']:.3g}: {r['mfu_source']}",
         f"throughput   {human(r['tokens_per_sec'])} tokens/s  ->  {human(r['tokens_in_budget'])} tokens in {r['hours']:g} h "
         f"= {r['optimizer_steps']:,} steps of {r['tokens_per_step']:,} tokens ({r['tokens_per_param']:.0f} tokens per compute param)",
         f"preset plan  {r['planned_steps']:,} steps = {human(r['planned_tokens'])} tokens = {r['planned_hours']:.2f} h at this MFU",
@@ -362,23 +432,77 @@ def format_report(r:dict) -> str:
         f"device {gb(r['device_memory'])}: {'fits' if r['fits_memory'] else 'fits with checkpointing' if r['fits_memory_checkpointed'] else 'DOES NOT FIT'}",
         f"chinchilla   {ch['flop_budget']:.3g} FLOPs -> {human(ch['params'])} params on {human(ch['tokens'])} tokens"])
 
+# %% ../nbs/01_sizing.ipynb #93ac49bf
+def plan_run(preset_or_cfg,              # preset name, `Preset` or `FSIEdgeConfig`
+             hours:float=8.0,            # budget
+             gpu:str=None,               # default from the preset (see `report`)
+             mfu:float=None,             # override; None: the `MEASURED_MFU` table
+             corpus_tokens:int=None,     # training tokens of the prepared corpus; None: no cap
+             epochs:float=2.0,           # passes over the corpus at most (the cloud seed's 2)
+             margin:float=0.97,          # share of the budget the schedule may fill
+             tokens_per_sec:float=None,  # a rate measured on this device (wins over mfu and the table)
+             seq_len:int=None) -> dict:
+    "`max_steps` for a run: what the budget buys at the rate, capped at `epochs` passes over the corpus; `warning` when capped."
+    if hours <= 0: raise ValueError(f"hours={hours}: must be positive. Fix: e.g. hours=8.")
+    if not epochs > 0: raise ValueError(f"epochs={epochs}: must be positive. Fix: e.g. epochs=2.")
+    if not 0 < margin <= 1: raise ValueError(f"margin={margin}: must be in (0, 1]. Fix: e.g. 0.97.")
+    if corpus_tokens is not None and corpus_tokens < 1: raise ValueError(f"corpus_tokens={corpus_tokens}: the corpus is empty. Fix: prepare a corpus first.")
+    p = _resolve(preset_or_cfg)
+    gpu = gpu or (p.name if p.name in GPU_PEAKS else 'h100' if p.needs_gpu else 'cpu')
+    t = replace(p.train, seq_len=seq_len or p.train.seq_len)
+    rate = step_rate(p, gpu, mfu, tokens_per_sec, t.seq_len)
+    budget_tokens = rate['tokens_per_sec'] * hours * margin * 3600
+    budget_steps = max(1, int(budget_tokens // t.tokens_per_step))
+    cap_tokens = epochs * corpus_tokens if corpus_tokens else None
+    cap_steps = int(cap_tokens // t.tokens_per_step) if cap_tokens else None
+    if cap_tokens is not None and cap_tokens < t.tokens_per_step:
+        raise ValueError(f"{epochs:g} epochs of {corpus_tokens:,} tokens are less than one optimizer step ({t.tokens_per_step:,} tokens). Fix: more data, or more epochs.")
+    capped = cap_steps is not None and budget_steps > cap_steps
+    steps = cap_steps if capped else budget_steps
+    out = dict(preset=p.name, gpu=gpu, hours=hours, mfu=rate['mfu'], mfu_source=rate['mfu_source'], tokens_per_sec=rate['tokens_per_sec'],
+               tokens_per_step=t.tokens_per_step, budget_tokens=int(budget_tokens), budget_steps=budget_steps,
+               corpus_tokens=corpus_tokens, epochs=epochs, cap_tokens=cap_tokens and int(cap_tokens),
+               passes=budget_tokens / corpus_tokens if corpus_tokens else None, capped=capped, max_steps=steps,
+               tokens=steps * t.tokens_per_step, schedule_hours=steps * t.tokens_per_step / rate['tokens_per_sec'] / 3600,
+               warmup_steps=min(t.warmup_steps, max(1, steps // 10)), warning=None)
+    if capped:
+        out['warning'] = (f"budget buys {human(budget_tokens)} tokens = {out['passes']:,.0f} passes over the {human(corpus_tokens)}-token corpus; "
+                          f"capped at {epochs:g} epochs = {human(cap_tokens)} tokens (max_steps {steps:,}). Fix: more data, or -p epochs E (--epochs E)")
+    return out
+
+
+# %% ../nbs/01_sizing.ipynb #81cb53dc
+def format_plan(pl:dict) -> str:
+    "A `plan_run` dict as a few readable lines."
+    lines = [f"rate         {human(pl['tokens_per_sec'])} tokens/s on {pl['gpu']} at MFU {pl['mfu']:.3g} ({pl['mfu_source']})",
+             f"plan         max_steps {pl['max_steps']:,} (warmup {pl['warmup_steps']:,}) = {human(pl['tokens'])} tokens = {pl['schedule_hours']:.2f} h of the {pl['hours']:g} h budget"]
+    if pl['corpus_tokens']: lines.append(f"corpus       {human(pl['corpus_tokens'])} tokens: the plan is {pl['tokens'] / pl['corpus_tokens']:.2f} passes (at most {pl['epochs']:g})")
+    if pl['warning']: lines.append(f"WARNING      {pl['warning']}")
+    return '\n'.join(lines)
+
+
 # %% ../nbs/01_sizing.ipynb #4cee909c
 def main(argv:list=None # command-line arguments; default sys.argv[1:]
         ):
-    "`python -m fsi_nb.sizing PRESET [--hours H] [--gpu G] [--mfu M] [--seq-len T] [--precision P] [--json]`."
+    "`python -m fsi_nb.sizing PRESET [--hours H] [--gpu G] [--mfu M] [--tokens-per-sec R] [--corpus-tokens N] [--epochs E] [--seq-len T] [--precision P] [--json]`."
     ap = argparse.ArgumentParser(prog='python -m fsi_nb.sizing', description='Size an fsi_nb preset: parameters, FLOPs, memory, tokens in a time budget.')
     ap.add_argument('preset', help=f"one of {', '.join(PRESETS)}")
     ap.add_argument('--hours', type=float, default=8.0, help='time budget (default 8)')
     ap.add_argument('--gpu', default=None, help=f"one of {', '.join([*GPU_PEAKS, 'cpu'])} (default: from the preset)")
-    ap.add_argument('--mfu', type=float, default=0.4, help='fraction of the peak reached (default 0.4)')
+    ap.add_argument('--mfu', type=float, default=None, help='fraction of the peak reached (default: the measured table, MEASURED_MFU)')
+    ap.add_argument('--tokens-per-sec', type=float, default=None, help='a rate measured on this device (wins over --mfu)')
+    ap.add_argument('--corpus-tokens', type=int, default=None, help='training tokens of the corpus: caps the plan at --epochs passes')
+    ap.add_argument('--epochs', type=float, default=2.0, help='passes over the corpus at most (default 2)')
     ap.add_argument('--seq-len', type=int, default=None, help="default: the preset's")
     ap.add_argument('--precision', choices=('bf16', 'fp32'), default=None,
                     help="default: the trainer's (bf16 on a GPU and on a CPU with native bf16, else fp32)")
     ap.add_argument('--json', action='store_true', help='print the full report as JSON')
     a = ap.parse_args(argv)
-    try: r = report(a.preset, a.hours, a.gpu, a.mfu, a.seq_len, a.precision)
+    try:
+        r = report(a.preset, a.hours, a.gpu, a.mfu, a.seq_len, a.precision, a.tokens_per_sec)
+        pl = plan_run(a.preset, a.hours, a.gpu, a.mfu, a.corpus_tokens, a.epochs, tokens_per_sec=a.tokens_per_sec, seq_len=a.seq_len)
     except ValueError as e: ap.exit(2, f"{ap.prog}: error: {e}\n")
-    print(json.dumps(r, indent=1) if a.json else format_report(r))
+    print(json.dumps(dict(r, plan=pl), indent=1) if a.json else format_report(r) + '\n' + format_plan(pl))
 
 # %% ../nbs/01_sizing.ipynb #4ee3ff14
 def seed_claims_table(mfu:float=0.4,  # MFU for the calculator's token figures
@@ -448,7 +572,7 @@ def plot_tokens_vs_params(hours:float=8.0, # time budget
 # %% ../nbs/01_sizing.ipynb #b7715d62
 def presets_table(gpu:str=None,    # one device for every preset; default each preset's own (see `report`)
                   hours:float=8.0,
-                  mfu:float=0.4):
+                  mfu:float=None): # None: each preset's `MEASURED_MFU` figure
     "A pandas DataFrame: every preset's shape, parameters, FLOPs, tokens in the budget and memory."
     import pandas as pd
     rows = []
@@ -534,7 +658,7 @@ def _png(fig, dpi:int=90) -> bytes:
     return buf.getvalue()
 
 # %% ../nbs/01_sizing.ipynb #fc18ac4c
-def sizing_explorer(preset:str='h100', gpu:str='h100', hours:float=8.0, mfu:float=0.4):
+def sizing_explorer(preset:str='h100', gpu:str='h100', hours:float=8.0, mfu:float=None):
     "ipywidgets controls that redraw a report table and the tokens-vs-parameters plot, in place, on every change."
     import ipywidgets as W
     style, wide = {'description_width': '90px'}, W.Layout(width='330px')
@@ -548,7 +672,7 @@ def sizing_explorer(preset:str='h100', gpu:str='h100', hours:float=8.0, mfu:floa
              seq_len=W.Dropdown(options=[2**i for i in range(7, 16)], description='seq', style=style, layout=wide),
              gpu=W.Dropdown(options=[*GPU_PEAKS, 'cpu'], value=gpu, description='GPU', style=style, layout=wide),
              hours=sl(W.FloatSlider, 'hours', min=0.5, max=48, step=0.5, value=hours),
-             mfu=sl(W.FloatSlider, 'MFU', min=0.05, max=0.8, step=0.05, value=mfu))
+             mfu=sl(W.FloatSlider, 'MFU', min=0.01, max=0.8, step=0.01, value=mfu or step_rate(preset, gpu)['mfu']))
     table, plot = W.HTML(), W.Image(format='png')
     box = W.HBox([W.VBox(list(c.values())), W.VBox([table, plot])])
     box.state, busy, lock = {}, [False], threading.Lock()

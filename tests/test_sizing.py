@@ -9,6 +9,7 @@ import pytest, torch
 from fsi_nb.config import FSIEdgeConfig, TrainConfig, PRESETS, get_preset
 from fsi_nb.sizing import (GPU_PEAKS, activation_bytes, attention_keys, chinchilla_optimal, count_params, device_memory,
                            flops_per_token, has_widget_frontend, measure_cpu_peak, optimizer_steps, peak_flops,
+                           MEASURED_MFU, measured_mfu, plan_run,
                            plot_tokens_vs_params, popcount_sum, presets_table, report, seed_claims_table,
                            size_for_budget, throughput, tokens_in_budget, training_memory)
 
@@ -141,10 +142,47 @@ def test_report_keys_and_defaults():
     r = report('h100')
     for k in ('params_total', 'params_active', 'flops_per_token', 'tokens_in_budget', 'memory', 'optimizer_steps', 'chinchilla'):
         assert k in r
-    assert (r['gpu'], r['hours'], r['mfu'], r['precision']) == ('h100', 8.0, 0.4, 'bf16')
-    assert r['tokens_in_budget'] == tokens_in_budget('h100', 8, 'h100', 0.4, 2048)
+    assert (r['gpu'], r['hours'], r['mfu'], r['precision']) == ('h100', 8.0, 0.0702, 'bf16')   # the H200 row: an H100 was never measured
+    assert r['tokens_in_budget'] == tokens_in_budget('h100', 8, 'h100', 0.0702, 2048) and 'fallback' in r['mfu_source']
     assert report('h200')['gpu'] == 'h200' and report('cipher')['gpu'] == 'h100'
-    assert report('tiny', gpu='a100', hours=2)['tokens_in_budget'] == tokens_in_budget('tiny', 2, 'a100', 0.4, 128)
+    assert report('tiny', gpu='a100', hours=2, mfu=0.4)['tokens_in_budget'] == tokens_in_budget('tiny', 2, 'a100', 0.4, 128)
+    assert report('tiny', gpu='a100')['mfu_source'].startswith('stated guess')
+
+
+def test_plan_run_against_a_hand_computation():
+    tps = 0.0702 * 989e12 / flops_per_token('h100', 2048)['total']                 # the h100 row, on an H100's datasheet peak
+    budget_steps = int(tps * 7.5 * 0.97 * 3600 // 98_304)                           # 16 x 3 x 2048 tokens a step
+    pl = plan_run('h100', 7.5, 'h100', corpus_tokens=13_900_000)
+    assert (pl['budget_steps'], pl['max_steps'], pl['capped']) == (budget_steps, 27_800_000 // 98_304, True)
+    assert pl['tokens'] <= 2 * 13_900_000 and pl['schedule_hours'] <= 7.5 and pl['warmup_steps'] == 282 // 10
+    assert pl['passes'] == pytest.approx(budget_steps * 98_304 / 13_900_000, rel=1e-3)
+    assert f"= {pl['passes']:,.0f} passes over the 13.9M-token corpus; capped at 2 epochs = 27.8M tokens (max_steps 282)" in pl['warning']
+    # a corpus the budget cannot cover twice: no cap, no warning, and the schedule ends inside the budget
+    big = plan_run('h100', 7.5, 'h100', corpus_tokens=budget_steps * 98_304)
+    assert not big['capped'] and big['warning'] is None and big['max_steps'] == budget_steps and big['schedule_hours'] <= 7.5 * 0.97
+    # exactly at the cap: not capped; one step more of budget than the cap: capped
+    assert plan_run('h100', 7.5, 'h100', corpus_tokens=budget_steps * 98_304 // 2)['capped'] is False
+    assert plan_run('h100', 7.5, 'h100', corpus_tokens=(budget_steps - 1) * 98_304 // 2)['capped'] is True
+    over = plan_run('h100', 7.5, 'h100', mfu=0.2, corpus_tokens=13_900_000, epochs=3)
+    assert over['mfu'] == 0.2 and over['max_steps'] == 41_700_000 // 98_304 and 'capped at 3 epochs' in over['warning']
+    cpu = plan_run('tiny', 1, 'cpu', tokens_per_sec=4456)                          # a rate a CPU run measured wins
+    assert cpu['tokens_per_sec'] == 4456 and cpu['max_steps'] == int(4456 * 0.97 * 3600 // 2048)
+
+
+@pytest.mark.parametrize('kw, message', [(dict(corpus_tokens=0), 'prepare a corpus'), (dict(epochs=0), 'epochs'),
+                                         (dict(corpus_tokens=40_000), 'less than one optimizer step'), (dict(hours=0), 'hours'),
+                                         (dict(tokens_per_sec=-1), 'tokens/s'), (dict(mfu=2), 'fraction')])
+def test_plan_run_errors(kw, message):
+    with pytest.raises(ValueError, match='Fix') as e: plan_run('h100', **{'gpu': 'h100', **kw})
+    assert message in str(e.value)
+
+
+def test_measured_table_sources_and_fallbacks():
+    for k, m in MEASURED_MFU.items():
+        assert m['source'] and (('12_bench' in m['source']) if k[1] != 'cpu' else ('bench-cpu' in m['source']))
+    assert measured_mfu('h100', 'h200')['measured'] and not measured_mfu('h100', 'h100')['measured']
+    assert measured_mfu('a100', 'a100')['row'] == ('a100', 'h200', 'bf16')
+    assert measured_mfu('custom', 'h200')['source'].startswith('stated guess')
 
 
 def test_seed_claims_table():
@@ -171,7 +209,7 @@ def test_presets_a100_h200_follow_the_sizing_rule():
     for gpu, seq in (('a100', 2048), ('h200', 4096)):
         s = size_for_budget(gpu, seq_len=seq)
         assert (s.model, s.train) == (PRESETS[gpu].model, PRESETS[gpu].train)
-        r = report(gpu)
+        r = report(gpu, mfu=0.4)   # the rule's MFU (at the measured one the preset's plan takes about 8x longer)
         assert 6.9 < r['planned_hours'] < 7.0 and r['fits_memory']
 
 
@@ -213,6 +251,17 @@ def test_cli_json():
     assert r['tokens_in_budget'] == tokens_in_budget('h100', 8, 'h100', 0.4)
     assert r['flops_per_token'] == pytest.approx(flops_per_token('h100', 2048)['total'])
     assert r['peak_source'].startswith('stated:')
+    assert r['mfu'] == 0.4 and r['mfu_source'] == 'given (mfu override)'
+
+
+def test_cli_default_mfu_is_the_measured_table_and_the_plan_is_capped():
+    p = _cli('h100', '--corpus-tokens', '13900000')
+    assert p.returncode == 0, p.stderr
+    assert 'at MFU 0.0702' in p.stdout and "12_bench 'Results on a GPU': one H200" in p.stdout and 'fallback: h100 not measured on h100' in p.stdout
+    assert 'capped at 2 epochs = 27.8M tokens (max_steps 282)' in p.stdout and '-p epochs E' in p.stdout
+    q = json.loads(_cli('h100', '--corpus-tokens', '2000000000', '--mfu', '0.01', '--json').stdout)['plan']
+    assert q['mfu'] == 0.01 and not q['capped'] and q['warning'] is None                    # 1% MFU buys 1.1G tokens: under 2 passes of 2G
+    assert q['max_steps'] == int(0.01 * 989e12 / flops_per_token('h100', 2048)['total'] * 8 * 0.97 * 3600 // 98_304)
 
 
 def test_cli_text_and_measured_cpu_peak(tmp_path):

@@ -143,3 +143,14 @@ def test_cloud_runbook_dry_run_under_papermill(tmp_path):
     assert '--budget-hours 7.5 --save-minutes 30' in shown and 'gsutil -m rsync' in shown and 'FROM nvcr.io/nvidia/pytorch' in shown
     local = tmp_path / 'work' / 'local' / 'h100' / 'checkpoints'
     assert len(list_checkpoints(local)) == 2 and all(verify_checkpoint(c) is None for c in list_checkpoints(local))
+    # the plan: at most 2 epochs of the corpus it prepared, and a schedule that ends inside the budget at the table's rate
+    from fsi_nb.config import get_preset
+    from fsi_nb.sizing import MEASURED_MFU, flops_per_token
+    corpus = int(re.search(r'\(([\d,]+) train\)', shown)[1].replace(',', ''))
+    max_steps = int(re.search(r'python -m fsi_nb\.train .*--max-steps (\d+)', shown)[1])
+    step_tokens = get_preset('h100').train.tokens_per_step                                     # 16 x 3 x 2048
+    rate = MEASURED_MFU[('h100', 'h200', 'bf16')]['mfu'] * 989e12 / flops_per_token('h100', 2048)['total']   # an H100 takes the H200 row
+    assert corpus > step_tokens and max_steps * step_tokens <= 2 * corpus and max_steps == 2 * corpus // step_tokens
+    assert max_steps * step_tokens / rate <= 7.5 * 3600
+    assert 'MFU 0.0702 (fallback: h100 not measured on h100' in shown and f'--set warmup_steps={max(1, max_steps // 10)}' in shown
+    assert re.search(rf'WARNING +budget buys .* passes over the .*-token corpus; capped at 2 epochs = .* tokens \(max_steps {max_steps}\)', shown)
