@@ -394,7 +394,7 @@ def _leaks(mode:str) -> str | None:
     seen = r.stdout_tail.strip()
     if seen == '[]' and not wrote: return None
     return ("isolation does not hold: " + ("what a sample writes to /tmp lands in the machine's /tmp; " if wrote else '')
-            + f"a sample sees the machine's {seen[:200]} (top-level folders, files, network interfaces)")
+            + f"a sample sees the machine's {seen[:600]} (top-level folders, files, network interfaces)")
 
 # %% ../nbs/03_sandbox.ipynb #4a1a909d
 @functools.cache
