@@ -479,3 +479,9 @@ def test_bench_cli():
     import json
     r = json.loads(p.stdout)
     assert r['samples'] == 10 and r['samples_per_sec'] > 0 and r['mode'] == ISOLATED[0] and r['bare_python_ms'] > 0
+
+
+def test_the_dockerfile_installs_bubblewrap():
+    "The cloud image gets the strongest isolation: bubblewrap from the image's own apt, in one layer that leaves no lists behind."
+    runs = [l for l in (ROOT/'Dockerfile').read_text().splitlines() if l.startswith('RUN ') and 'bubblewrap' in l]
+    assert runs == ['RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap && rm -rf /var/lib/apt/lists/*'], runs
