@@ -472,6 +472,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'fsi_nb.objectives.SFT.records': ('objectives.html#sft.records', 'fsi_nb/objectives.py'),
                                    'fsi_nb.objectives.SFT.steps': ('objectives.html#sft.steps', 'fsi_nb/objectives.py'),
                                    'fsi_nb.objectives.SFTReasoning': ('objectives.html#sftreasoning', 'fsi_nb/objectives.py'),
+                                   'fsi_nb.objectives._record_sandbox': ('objectives.html#_record_sandbox', 'fsi_nb/objectives.py'),
                                    'fsi_nb.objectives.chat_pieces': ('objectives.html#chat_pieces', 'fsi_nb/objectives.py'),
                                    'fsi_nb.objectives.completion_batch': ('objectives.html#completion_batch', 'fsi_nb/objectives.py'),
                                    'fsi_nb.objectives.completion_code': ('objectives.html#completion_code', 'fsi_nb/objectives.py'),
