@@ -5,6 +5,11 @@
 ARG NGC_TAG=25.01
 FROM nvcr.io/nvidia/pytorch:${NGC_TAG}-py3
 
+# bubblewrap isolates the code a model writes (GRPO's execution rewards, DPO pairs, HumanEval): no network, no host
+# files. Without it fsi_nb.sandbox falls back to an unshare-built sandbox, and refuses where neither works. Inside a
+# container both need namespaces the container may forbid: `python -m fsi_nb.sandbox` says which mode works and why.
+RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap && rm -rf /var/lib/apt/lists/*
+
 WORKDIR /workspace
 COPY pyproject.toml README.md /opt/fsi_nb/
 COPY fsi_nb /opt/fsi_nb/fsi_nb

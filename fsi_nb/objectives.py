@@ -324,12 +324,21 @@ def evaluate(self:GRPO, model):
     return self._held_out(model, run)
 
 # %% ../nbs/08c_objectives.ipynb #20c37155
+from .sandbox import isolation_summary
+
+def _record_sandbox(objective, results:list) -> list:
+    "Keep the isolation the samples ran under on `objective.sandbox_mode`, and print it the first time: the run's log records it."
+    if results and getattr(objective, 'sandbox_mode', None) is None: print(isolation_summary(results[0].mode), flush=True)
+    if results: objective.sandbox_mode = results[0].mode
+    return results
+
 class GRPOExecution(GRPO):
     "`stage3b`: GRPO on code prompts; the reward is whether the sampled code passes the task's tests in the sandbox."
     kinds = ('code',)
+    sandbox_mode = None   # bwrap, unshare or none: what the sandbox ran under, once it has run
     def rewards(self, recs, completions):
         progs = [completion_code(self.tok.decode(c, skip_special_tokens=False)) for c in completions]
-        res = run_many([(p, r['tests']) for p, r in zip(progs, recs)], workers=max(1, os.cpu_count() or 1), timeout=5.0)
+        res = _record_sandbox(self, run_many([(p, r['tests']) for p, r in zip(progs, recs)], workers=max(1, os.cpu_count() or 1), timeout=5.0))
         return [1.0 if x.passed and p else 0.0 for x, p in zip(res, progs)]
 
 # %% ../nbs/08c_objectives.ipynb #90d22bf3
@@ -361,7 +370,7 @@ def _make_pairs(self:DPO, model, recs, seed) -> dict:
         p = self.tok.encode(chat_pieces(rec)[0]).ids
         samples = sample_group(model, p, o.group_size, o.max_new_tokens, o.temperature, eot, seed=seed * 100003 + i)
         progs = [completion_code(self.tok.decode(c, skip_special_tokens=False)) for c in samples]
-        ok = [x.passed and bool(pr) for x, pr in zip(run_many([(pr, rec['tests']) for pr in progs], workers=os.cpu_count() or 1), progs)]
+        ok = [x.passed and bool(pr) for x, pr in zip(_record_sandbox(self, run_many([(pr, rec['tests']) for pr in progs], workers=os.cpu_count() or 1)), progs)]
         bad = [c for c, k in zip(samples, ok) if not k]
         if not bad: continue                                          # every sample passes: nothing to prefer
         good = next((c for c, k in zip(samples, ok) if k), None)

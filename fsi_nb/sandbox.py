@@ -11,8 +11,8 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['log', 'STATUSES', 'MODES', 'SANDBOX_UID_BASE', 'SANDBOX_SLOTS', 'UNSAFE_ENV', 'TAG', 'TAIL_BYTES', 'SandboxResult',
-           'SandboxUnavailable', 'sandbox_python', 'probe', 'isolation_mode', 'run_code', 'run_many', 'check_record',
-           'check_records', 'sandbox_throughput', 'main']
+           'SandboxUnavailable', 'sandbox_python', 'probe', 'isolation_mode', 'isolation_summary', 'run_code',
+           'run_many', 'check_record', 'check_records', 'sandbox_throughput', 'main']
 
 # %% ../nbs/03_sandbox.ipynb #dadad038
 log = logging.getLogger(__name__)
@@ -180,33 +180,101 @@ def _forget_slots():
 
 os.register_at_fork(after_in_child=_forget_slots)
 
+# %% ../nbs/03_sandbox.ipynb #26a4d9a6
+_JAIL_ROOT = r"""
+import ctypes, os, sys
+# argv: the new root (an empty folder), tmpfs bytes, the sample's uid (-1: we are root of a user namespace of our own),
+# the system paths shown read-only, --, the launcher's argv
+a = sys.argv[1:]; cut = a.index('--')
+new, size, uid, system, inner = a[0], int(a[1]), int(a[2]), a[3:cut], a[cut + 1:]
+libc = ctypes.CDLL(None, use_errno=True)
+RDONLY, NOSUID, NODEV, NOEXEC, REMOUNT, BIND, REC, PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
+def check(rc, what):
+    if rc != 0: e = ctypes.get_errno(); raise OSError(e, f'{what}: {os.strerror(e)}')
+def mount(src, dst, fs, flags, data=''):
+    check(libc.mount(src and src.encode(), dst.encode(), fs and fs.encode(), flags, data.encode()), f'mount {src or fs} on {dst}')
+def readonly(top):       # every mount at or under `top`, keeping the flags a user namespace may not drop
+    for line in open('/proc/self/mountinfo'):
+        p = line.split()[4].encode().decode('unicode_escape')
+        if p == top or p.startswith(top + '/'):
+            f = os.statvfs(p).f_flag
+            keep = sum(ms for st, ms in ((4, NODEV), (8, NOEXEC), (1024, 1024), (2048, 2048), (4096, 1 << 21)) if f & st)
+            mount(None, p, None, REMOUNT | BIND | RDONLY | NOSUID | keep)
+def tmpfs(path, mode, extra=''):
+    os.makedirs(path, exist_ok=True); mount('tmpfs', path, 'tmpfs', NOSUID | NODEV, f'size={size},mode={mode}{extra}')
+mount(None, '/', None, REC | PRIVATE)
+mount('tmpfs', new, 'tmpfs', NOSUID | NODEV, 'size=1m,mode=0755')
+for p in system:
+    dst = new + p; os.makedirs(os.path.dirname(dst), exist_ok=True)
+    if os.path.islink(p): os.symlink(os.readlink(p), dst); continue
+    if os.path.isdir(p): os.makedirs(dst, exist_ok=True)
+    else: open(dst, 'w').close()
+    mount(p, dst, None, BIND | REC); readonly(dst)
+tmpfs(new + '/dev', '0755')
+for d in ('null', 'zero', 'full', 'random', 'urandom', 'tty'):
+    open(new + '/dev/' + d, 'w').close(); mount('/dev/' + d, new + '/dev/' + d, None, BIND)
+for n, t in (('fd', '/proc/self/fd'), ('stdin', '/proc/self/fd/0'), ('stdout', '/proc/self/fd/1'), ('stderr', '/proc/self/fd/2')):
+    os.symlink(t, new + '/dev/' + n)
+tmpfs(new + '/dev/shm', '1777'); tmpfs(new + '/tmp', '1777'); tmpfs(new + '/sandbox', '0700', f',uid={uid},gid={uid}' * (uid >= 0))
+os.makedirs(new + '/proc'); mount('proc', new + '/proc', 'proc', NOSUID | NODEV | NOEXEC)
+"""
+
+# %% ../nbs/03_sandbox.ipynb #8768e516
+_JAIL_ENTER = r"""
+os.chdir(new)            # pivot_root('.', '.') and detach the old root: nothing of the machine's tree stays reachable
+check(libc.syscall({'x86_64': 155, 'aarch64': 41, 'riscv64': 41, 'ppc64le': 203, 's390x': 217}[os.uname().machine], b'.', b'.'), 'pivot_root')
+check(libc.umount2(b'.', 2), 'detach the old root')
+os.chdir('/')
+for p in ('/dev', '/'): mount(None, p, None, REMOUNT | BIND | RDONLY | NOSUID | NODEV)
+libc.sethostname(b'sandbox', 7)
+def drop():
+    if uid >= 0: os.setgroups([]); os.setresgid(uid, uid, uid); os.setresuid(uid, uid, uid)
+    else:                # a user namespace in which we are 65534: no capability over any mount made above
+        check(libc.unshare(0x10000000), 'unshare a user namespace')
+        for f, s in (('setgroups', 'deny'), ('uid_map', '65534 0 1'), ('gid_map', '65534 0 1')):
+            with open('/proc/self/' + f, 'w') as fh: fh.write(s)
+    check(libc.prctl(38, 1, 0, 0, 0), 'PR_SET_NO_NEW_PRIVS')
+child = os.fork()
+if child == 0:
+    try: drop(); os.chdir('/sandbox'); os.execve(inner[0], inner, {'PATH': '/usr/bin:/bin', 'HOME': '/sandbox', 'LANG': 'C.UTF-8', 'PWD': '/sandbox'})
+    except BaseException as e: os.write(2, f'sandbox: {e}\n'.encode()); os._exit(127)
+for fd in os.listdir('/proc/self/fd'):       # pid 1 of the sample's namespace keeps none of its pipes open
+    try: os.close(int(fd))
+    except OSError: pass
+drop()
+while True:              # reap until the sample ends, then exit as it did (a signal as 128 + n, as bwrap reports one)
+    pid, st = os.waitpid(-1, 0)
+    if pid == child: os._exit(os.WEXITSTATUS(st) if os.WIFEXITED(st) else 128 + os.WTERMSIG(st))
+"""
+_JAIL = _JAIL_ROOT + _JAIL_ENTER
+
 # %% ../nbs/03_sandbox.ipynb #e776d4af
-def _system_binds() -> list[str]:
-    "bwrap arguments that show the system read-only: /usr, the /lib* and /bin links, the loader cache, the interpreter."
-    args = ['--ro-bind', '/usr', '/usr']
-    for n in ('bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32'):
-        p = Path('/', n)
-        if p.is_symlink(): args += ['--symlink', os.readlink(p), str(p)]
-        elif p.is_dir(): args += ['--ro-bind', str(p), str(p)]
-    if Path('/etc/ld.so.cache').exists(): args += ['--ro-bind', '/etc/ld.so.cache', '/etc/ld.so.cache']
+def _system_paths() -> list[str]:
+    "What a sample sees of the system, read-only: /usr, the /bin and /lib* links (or folders), the loader cache, the interpreter."
+    paths = ['/usr'] + [p for n in ('bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32') if os.path.islink(p := f'/{n}') or os.path.isdir(p)]
+    if Path('/etc/ld.so.cache').exists(): paths.append('/etc/ld.so.cache')
     prefix = Path(sandbox_python()).parents[1]
-    if prefix != Path('/usr') and not any(prefix.is_relative_to(f'/{n}') for n in ('usr', 'bin', 'lib', 'lib64')):
-        args += ['--ro-bind', str(prefix), str(prefix)]
-    return args
+    if prefix != Path('/usr') and not any(prefix.is_relative_to(f'/{n}') for n in ('usr', 'bin', 'lib', 'lib64')): paths.append(str(prefix))
+    return paths
+
+def _system_binds() -> list[str]:
+    "bwrap arguments for `_system_paths`: a symlink is made again, the rest bound read-only."
+    return [a for p in _system_paths() for a in (['--symlink', os.readlink(p), p] if os.path.islink(p) else ['--ro-bind', p, p])]
 
 @functools.cache
 def _bwrap_help() -> str:
     try: return subprocess.run([shutil.which('bwrap') or 'bwrap', '--help'], capture_output=True, text=True, timeout=10).stdout
     except OSError: return ''
 
-def _command(mode:str, uid:int|None, disk_mb:int) -> list[str]:
-    "The argv that runs the launcher under `mode`."
+def _command(mode:str, uid:int|None, disk_mb:int, root:str='') -> list[str]:
+    "The argv that runs the launcher under `mode`; `root` is the empty folder the unshare fallback builds its root on."
     inner = [sandbox_python(), '-I', '-S', '-c', _LAUNCHER, f'{TAG}:{os.getpid()}']
     if mode == 'none': return inner
-    if mode == 'unshare':
-        who = [f'--setuid={uid}', f'--setgid={uid}'] if uid is not None else ['--map-root-user']
-        return [shutil.which('unshare') or 'unshare', '--net', *who, '--', *inner]
     size = str(disk_mb << 20)
+    if mode == 'unshare':   # under root: namespaces of the machine's root, then the sample's own uid; else a user namespace
+        user = ['--user', '--map-root-user'] if uid is None else []
+        return [shutil.which('unshare') or 'unshare', *user, '--mount', '--net', '--pid', '--ipc', '--uts', '--fork', '--kill-child', '--',
+                sandbox_python(), '-I', '-S', '-c', _JAIL, root, size, str(-1 if uid is None else uid), *_system_paths(), '--', *inner]
     return [shutil.which('bwrap') or 'bwrap', '--unshare-all', '--unshare-user', *(['--disable-userns'] if '--disable-userns' in _bwrap_help() else []),
             '--die-with-parent', '--new-session', '--clearenv', '--setenv', 'PATH', '/usr/bin:/bin', '--setenv', 'HOME', '/sandbox',
             '--setenv', 'LANG', 'C.UTF-8', '--uid', '65534', '--gid', '65534', '--hostname', 'sandbox', *_system_binds(),
@@ -251,7 +319,7 @@ def _collect(proc, payload:bytes, report_fd:int, deadline:float, output_limit:in
 # %% ../nbs/03_sandbox.ipynb #18544f96
 def _verdict(why, rep:dict|None, rc:int, mode:str, tests:list, timeout:float, output_limit:int) -> dict:
     "status, error, where, failed test and tests passed, from how the run ended."
-    sig = rc - 128 if mode == 'bwrap' and rc > 128 else -rc if rc < 0 else 0      # bwrap reports a signal as 128 + n
+    sig = rc - 128 if mode != 'none' and rc > 128 else -rc if rc < 0 else 0   # bwrap and the fallback's pid 1 report a signal as 128 + n
     if why == 'timeout': return dict(status='timeout', error=f'still running after {timeout:g} s (wall clock); killed', where='sandbox')
     if why: return dict(status='error', error=f'wrote more than {output_limit} bytes to {why}; killed', where='sandbox')
     if rep:
@@ -283,11 +351,11 @@ def _run(program:str, tests:list, *, mode:str, timeout:float=5.0, memory_mb:int=
             if uid is not None: os.chown(workdir, uid, uid)
         nonce, (r, w) = secrets.token_hex(16), os.pipe()
         payload = dict(program=program, tests=tests, bindings=bindings or {}, name=name, nonce=nonce, report_fd=w, nice=10,
-                       scope='all' if mode == 'bwrap' else 'uid' if uid is not None else 'session',
+                       scope='all' if mode != 'none' else 'uid' if uid is not None else 'session',
                        limits=_limits(timeout, memory_mb, nproc, file_mb, uid))
         env = {'PATH': '/usr/bin:/bin'} | ({'HOME': workdir, 'TMPDIR': workdir, 'LANG': 'C.UTF-8'} if workdir else {})
         who = {} if uid is None else dict(extra_groups=[]) if mode == 'unshare' else dict(user=uid, group=uid, extra_groups=[])
-        try: proc = subprocess.Popen(_command(mode, uid, disk_mb), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        try: proc = subprocess.Popen(_command(mode, uid, disk_mb, workdir), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      pass_fds=(w,), cwd=workdir or '/', env=env, start_new_session=True, **who)
         except BaseException: os.close(r); raise
         finally: os.close(w)
@@ -305,26 +373,50 @@ def _run(program:str, tests:list, *, mode:str, timeout:float=5.0, memory_mb:int=
         return SandboxResult(**v, stdout_tail=out.decode(errors='replace'), stderr_tail=err.decode(errors='replace'),
                              seconds=round(time.monotonic() - t0, 3), returncode=rc, mode=mode)
     finally:
-        if uid is not None and (mode != 'bwrap' or killed): _sweep(uid)
+        if uid is not None and (mode == 'none' or killed): _sweep(uid)
         if workdir: shutil.rmtree(workdir, ignore_errors=True)
         _release_slot(slot)
+
+# %% ../nbs/03_sandbox.ipynb #91a23533
+def _leaks(mode:str) -> str | None:
+    "None when a sample runs under `mode` and finds nothing of the machine but the system's files; else what went wrong."
+    mark = f'fsi-probe-{secrets.token_hex(6)}'
+    planted, dropped = Path('/tmp')/mark, Path('/tmp')/f'{mark}.out'
+    system = sorted({'dev', 'etc', 'proc', 'sandbox', 'tmp'} | {Path(p).parts[1] for p in _system_paths()})
+    program = (f"import os, socket\nseen = sorted(set(os.listdir('/')) - set({system!r}))\n"
+               f"seen += [p for p in ('/etc/passwd', {str(planted)!r}) if os.path.exists(p)]\n"
+               f"seen += [n for _, n in socket.if_nameindex() if n != 'lo']\n"
+               f"open({str(dropped)!r}, 'w').close()\nprint(seen)")
+    planted.write_text('a file of the machine')
+    try: r = _run(program, [], mode=mode, timeout=10)
+    finally: planted.unlink(missing_ok=True); wrote = dropped.exists(); dropped.unlink(missing_ok=True)
+    if not r.passed: return ((r.stderr_tail.strip().splitlines() or [''])[-1] or r.error)[:300]
+    seen = r.stdout_tail.strip()
+    if seen == '[]' and not wrote: return None
+    return ("isolation does not hold: " + ("what a sample writes to /tmp lands in the machine's /tmp; " if wrote else '')
+            + f"a sample sees the machine's {seen[:600]} (top-level folders, files, network interfaces)")
 
 # %% ../nbs/03_sandbox.ipynb #4a1a909d
 @functools.cache
 def probe(mode:str) -> str | None:
-    "None when `mode` runs a program on this machine, else why it does not."
+    "None when `mode` runs a program on this machine and its isolation holds, else why not."
     if mode == 'none': return None
     tool = {'bwrap': 'bwrap', 'unshare': 'unshare'}[mode]
     if not shutil.which(tool): return f'{tool} is not installed'
-    try: r = _run('print(6 * 7)', [], mode=mode, timeout=10)
+    try: return _leaks(mode)
     except (OSError, SandboxUnavailable) as e: return f'{type(e).__name__}: {e}'
-    if r.passed and r.stdout_tail.strip() == '42': return None
-    return ((r.stderr_tail.strip().splitlines() or [''])[-1] or r.error)[:300]
 
 # %% ../nbs/03_sandbox.ipynb #1876a222
 def isolation_mode() -> str:
     "The strongest isolation that works here: bwrap, else unshare, else none."
     return next((m for m in ('bwrap', 'unshare') if probe(m) is None), 'none')
+
+# %% ../nbs/03_sandbox.ipynb #996fa729
+def isolation_summary(mode:str) -> str:
+    "One line for a run's log: the isolation model-written code runs under, and what it keeps from the machine."
+    return {'bwrap': 'sandbox: bwrap (model-written code isolated: no network, no host files)',
+            'unshare': 'sandbox: unshare (model-written code isolated: no network, no host files; the fallback where bubblewrap is missing)',
+            'none': "sandbox: none (NO ISOLATION: model-written code can read this machine's files and reach the network)"}[mode]
 
 # %% ../nbs/03_sandbox.ipynb #98cb15a3
 _warned_unsafe = False
@@ -466,7 +558,7 @@ def sandbox_throughput(n:int=200,       # trivial samples through run_many
 
 # %% ../nbs/03_sandbox.ipynb #92e447e2
 def main(argv=None) -> int:
-    "`python -m fsi_nb.sandbox`: the isolation this machine gives; with --bench, the throughput."
+    "`python -m fsi_nb.sandbox`: the isolation this machine gives and why the others do not work; with --bench, the throughput."
     ap = argparse.ArgumentParser(prog='python -m fsi_nb.sandbox', description=main.__doc__)
     ap.add_argument('--bench', action='store_true', help='samples/s of run_many on trivial programs, and the overhead per sample')
     ap.add_argument('--n', type=int, default=200, help='samples for --bench')
@@ -475,8 +567,14 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format='%(message)s')
     if not a.bench:
-        print(json.dumps(dict(mode=isolation_mode(), python=sandbox_python(), probes={m: probe(m) for m in MODES}), indent=1))
-        return 0
+        mode = isolation_mode()
+        print(isolation_summary(mode) if mode != 'none' else 'sandbox: none works here, so model-written code is refused '
+              f'(allow_unsafe=True or {UNSAFE_ENV}=1 runs it with no isolation). Fix: apt-get install bubblewrap')
+        for m in ('bwrap', 'unshare'):
+            why = probe(m)
+            print(f'  {m:8} ' + ('used' if m == mode else 'works' if why is None else f'does not work: {why}'))
+        print(f'  python   {sandbox_python()}')
+        return 0 if mode != 'none' else 1
     try: r = sandbox_throughput(a.n, a.workers, mode=a.mode)
     except SandboxUnavailable as e: print(f'error: {e}', file=sys.stderr); return 2
     print(json.dumps(r, indent=1))

@@ -2,9 +2,11 @@
 unharmed, the attack's goal is checked from outside (the file was not written, the secret is not in the output, the
 server got no connection), and nothing of the sample is left running (a /proc scan for its tag, its marker and its uid).
 
-Each attack runs under every isolation mode that works on the machine (bubblewrap, and the `unshare --net` fallback).
+Each attack runs under every isolation mode that works on the machine (bubblewrap, and the `unshare` fallback, which
+builds the same view of the machine); the fallback is also attacked as an unprivileged user, where file permissions
+would not stop a leak.
 """
-import os, resource, signal, socket, subprocess, sys, textwrap, threading, time, uuid
+import json, os, resource, shutil, signal, socket, subprocess, sys, textwrap, threading, time, uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -12,8 +14,8 @@ import pytest
 
 import fsi_nb.sandbox as sandbox
 from fsi_nb.tasks import coldstart_tasks, run_tests
-from fsi_nb.sandbox import (SANDBOX_UID_BASE, TAG, TAIL_BYTES, UNSAFE_ENV, SandboxUnavailable, check_record, isolation_mode, probe,
-                            run_code, run_many)
+from fsi_nb.sandbox import (SANDBOX_UID_BASE, TAG, TAIL_BYTES, UNSAFE_ENV, SandboxUnavailable, check_record, isolation_mode,
+                            isolation_summary, probe, run_code, run_many, sandbox_python)
 
 ROOT = Path(__file__).resolve().parents[1]
 IS_ROOT = os.geteuid() == 0
@@ -144,7 +146,7 @@ def test_fork_bomb_is_contained(mode, marker):
     nproc, seen, slowest, stop = 16, [0], [0.0], threading.Event()
     def watch():   # count the sample's processes, and time how long the parent takes to start one of its own meanwhile
         while not stop.is_set():
-            seen[0] = max(seen[0], sum(not _argv0(p).endswith('bwrap') for p in sample_processes(marker)))
+            seen[0] = max(seen[0], sum(not _argv0(p).endswith(('bwrap', 'unshare')) for p in sample_processes(marker)))
             t = time.monotonic(); subprocess.run(['true']); slowest[0] = max(slowest[0], time.monotonic() - t)
             time.sleep(0.01)
     w = threading.Thread(target=watch); w.start()
@@ -161,7 +163,7 @@ def test_fork_bomb_is_contained(mode, marker):
         stop.set(); w.join()
     assert r.status == 'timeout', r
     assert 'refused: [Errno 11] Resource temporarily unavailable' in r.stderr_tail, r.stderr_tail
-    assert nproc // 2 <= seen[0] <= nproc, seen     # it did fork, and never past the limit (bwrap's own processes aside)
+    assert nproc // 2 <= seen[0] <= nproc, seen     # it did fork, and never past the limit (bwrap's or unshare's own process aside)
     print("fork bomb: at most", seen[0], "processes; the parent started one in", slowest[0], "s at worst")
     assert slowest[0] < 1.0, slowest                # the parent could still start processes during the bomb
 
@@ -196,7 +198,7 @@ def test_a_1gb_file_write(mode, tmp_path):
 
 def test_writing_outside_the_working_directory(mode, marker):
     targets = [ROOT/'fsi_nb'/f'{marker}.py', ROOT/marker, ROOT/'nbs'/marker, Path.home()/marker, Path('/etc')/marker]
-    tmp = [Path('/tmp')/marker] if mode == 'bwrap' else []   # bwrap's /tmp is its own (writable, gone after); the fallback shares the machine's
+    tmp = [Path('/tmp')/marker]                      # the sample's /tmp is its own (writable, gone after): nothing lands in the machine's
     try:
         r = attack(f'''
             written = []
@@ -212,6 +214,107 @@ def test_writing_outside_the_working_directory(mode, marker):
         created = [t for t in targets + tmp if t.exists()]
         for t in created: t.unlink()
     assert not created
+
+
+@pytest.fixture
+def machine_files(marker):
+    "World-readable files of the machine a sample must not find: in the repository, in a home, in the machine's /tmp."
+    home = Path('/home') if IS_ROOT and Path('/home').is_dir() else Path.home()   # under root, /root is closed to the sample's uid anyway
+    folder, secret = home/f'.{marker}', f'SECRET-{uuid.uuid4().hex}'
+    in_repo, in_home, in_tmp = ROOT/f'.{marker}.txt', folder/'notes.txt', Path('/tmp')/f'{marker}.txt'
+    folder.mkdir(); folder.chmod(0o755)
+    for f in (in_repo, in_home, in_tmp): f.write_text(secret); f.chmod(0o644)
+    try: yield dict(files=[str(ROOT/'settings.ini'), str(in_repo), str(in_home), str(in_tmp)], folders=[str(ROOT), '/work', str(folder)], secret=secret)
+    finally:
+        shutil.rmtree(folder); in_repo.unlink(); in_tmp.unlink()
+
+
+def _look_for(files:list, folders:list) -> str:
+    return f'''
+        import os
+        found = []
+        for p in {files!r}:
+            try: print(open(p).read()); found.append(p)
+            except OSError as e: print(p, e)
+        for d in {folders!r}:
+            try: print(os.listdir(d)); found.append(d)
+            except OSError as e: print(d, e)
+        assert found, 'nothing of the machine found'
+        '''
+
+
+def test_reading_and_listing_the_machine(mode, machine_files):
+    r = attack(_look_for(machine_files['files'], machine_files['folders']), mode)
+    assert 'nothing of the machine found' in r.error, r
+    assert machine_files['secret'] not in r.stdout_tail + r.stderr_tail + r.error
+
+
+def test_the_same_attack_finds_the_machine_with_no_isolation(machine_files, monkeypatch):
+    "The attack above is a real one: with no isolation it reads the repository, the home and the machine's /tmp."
+    monkeypatch.delenv(UNSAFE_ENV, raising=False)
+    r = run_code(textwrap.dedent(_look_for(machine_files['files'], machine_files['folders'])), mode='none', allow_unsafe=True)
+    assert r.passed and r.stdout_tail.count(machine_files['secret']) == 3, r
+
+
+def test_the_probe_refuses_a_mode_that_leaks():
+    "The probe's sample, run with no isolation, finds the machine: the probe says what, so such a mode is never used."
+    leak = sandbox._leaks('none')
+    assert leak.startswith('isolation does not hold') and f"'{ROOT.parts[1]}'" in leak and "'/etc/passwd'" in leak, leak
+    if IS_ROOT: assert "lands in the machine's /tmp" in leak, leak
+    assert all(sandbox._leaks(m) is None for m in ISOLATED)
+
+
+def test_the_fallback_works_where_namespaces_do():
+    "Where unshare can make the namespaces, the fallback must pass its probe: a broken fallback fails here, not silently."
+    if not shutil.which('unshare'): pytest.skip('unshare is not installed')
+    ns = [] if IS_ROOT else ['--user', '--map-root-user']
+    p = subprocess.run(['unshare', *ns, '--mount', '--net', '--pid', '--ipc', '--uts', '--fork', 'true'], capture_output=True, text=True)
+    if p.returncode: pytest.skip(f'namespaces are off here: {p.stderr.strip()}')
+    assert probe('unshare') is None
+
+
+UNPRIVILEGED = '''
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+from fsi_nb.sandbox import probe, run_code
+why = probe('unshare')
+results = {} if why else {k: run_code(p.replace('PID', str(os.getpid())), mode='unshare') for k, p in json.loads(sys.argv[2]).items()}
+print(json.dumps(dict(probe=why, results={k: [r.status, r.error, r.stdout_tail + r.stderr_tail, r.mode] for k, r in results.items()})))
+'''
+
+
+def test_the_fallback_as_an_unprivileged_user(machine_files, marker):
+    "Not root, the fallback's sample runs as our own user: only the namespaces keep it from what that user can read."
+    if not IS_ROOT: pytest.skip('this run is unprivileged already: the attacks above ran the fallback as this user')
+    nobody, py = 65534, sandbox_python()
+    can = subprocess.run([py, '-I', '-c', f'import sys; sys.path.insert(0, {str(ROOT)!r}); import fsi_nb.sandbox'], user=nobody, group=nobody,
+                         extra_groups=[], capture_output=True, text=True, cwd='/')
+    if can.returncode: pytest.skip(f'{ROOT} is closed to other users: {can.stderr.strip()[-200:]}')
+    userns = subprocess.run(['unshare', '--user', '--map-root-user', '--mount', 'true'], user=nobody, group=nobody, extra_groups=[], capture_output=True, text=True)
+    if userns.returncode: pytest.skip(f'unprivileged user namespaces are off here: {userns.stderr.strip()}')
+    attacks = dict(look=textwrap.dedent(_look_for(machine_files['files'], machine_files['folders'])),
+                   environ="data = open('/proc/PID/environ', 'rb').read()\nprint(data)\nassert b'SECRET-' in data",
+                   write=f"open('/tmp/{marker}', 'w').write('pwned')\nassert not __import__('os').path.exists('/tmp/{marker}')")
+    p = subprocess.run([py, '-I', '-c', UNPRIVILEGED, str(ROOT), json.dumps(attacks)], user=nobody, group=nobody, extra_groups=[], cwd='/',
+                       env=dict(PATH=os.environ['PATH'], HOME='/tmp', FSI_TEST_SECRET=machine_files['secret']), capture_output=True, text=True, timeout=120)
+    try: out = json.loads(p.stdout)
+    finally: created = Path('/tmp', marker).exists(); Path('/tmp', marker).unlink(missing_ok=True)
+    assert p.returncode == 0 and out['probe'] is None, (p.stdout, p.stderr[-2000:])
+    res = out['results']
+    assert 'nothing of the machine found' in res['look'][1] and res['environ'][1].startswith('FileNotFoundError'), res
+    assert res['write'][:2] == ['error', 'AssertionError: '] and not created, res   # written inside, and not on the machine
+    assert all(r[3] == 'unshare' and r[0] != 'passed' and machine_files['secret'] not in r[2] for r in res.values()), res
+
+
+def test_cli_says_which_mode_works_and_why_the_others_do_not(tmp_path):
+    p = subprocess.run([sys.executable, '-m', 'fsi_nb.sandbox'], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    lines = p.stdout.splitlines()
+    assert p.returncode == 0 and lines[0] == isolation_summary(ISOLATED[0]), (p.returncode, p.stdout, p.stderr[-2000:])
+    want = {m: 'used' if m == ISOLATED[0] else 'works' if probe(m) is None else f'does not work: {probe(m)}' for m in ('bwrap', 'unshare')}
+    assert {l.split()[0]: l.split(None, 1)[1] for l in lines[1:3]} == want, lines
+    env = dict(os.environ, PATH=str(tmp_path))                             # a machine with neither bwrap nor unshare
+    p = subprocess.run([sys.executable, '-m', 'fsi_nb.sandbox'], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 1 and 'Fix: apt-get install bubblewrap' in p.stdout and 'bwrap    does not work: bwrap is not installed' in p.stdout, p.stdout
 
 
 def test_reading_secrets_from_the_environment_and_home(mode, marker):
@@ -238,7 +341,6 @@ def test_reading_secrets_from_the_environment_and_home(mode, marker):
 
 
 def test_reading_the_parents_proc_environ(mode):
-    if mode == 'unshare' and not IS_ROOT: pytest.skip('the unshare fallback runs as our own uid unless run as root')
     secret = f'SECRET-{uuid.uuid4().hex}'
     os.environ['FSI_TEST_SECRET'] = secret
     try:
@@ -295,7 +397,6 @@ def test_os_system_and_subprocess(mode, marker):
 
 def test_killing_the_parent_and_its_process_group(mode):
     "A stand-in parent (in a session of its own, so a failure cannot reach pytest) runs an attack aimed at itself."
-    if mode == 'unshare' and not IS_ROOT: pytest.skip('the unshare fallback runs as our own uid unless run as root')
     parent = textwrap.dedent('''
         import os, sys
         from fsi_nb.sandbox import run_code
@@ -378,3 +479,9 @@ def test_bench_cli():
     import json
     r = json.loads(p.stdout)
     assert r['samples'] == 10 and r['samples_per_sec'] > 0 and r['mode'] == ISOLATED[0] and r['bare_python_ms'] > 0
+
+
+def test_the_dockerfile_installs_bubblewrap():
+    "The cloud image gets the strongest isolation: bubblewrap from the image's own apt, in one layer that leaves no lists behind."
+    runs = [l for l in (ROOT/'Dockerfile').read_text().splitlines() if l.startswith('RUN ') and 'bubblewrap' in l]
+    assert runs == ['RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap && rm -rf /var/lib/apt/lists/*'], runs
