@@ -161,6 +161,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
             'fsi_nb.dashboard': { 'fsi_nb.dashboard.Dashboard': ('dashboard.html#dashboard', 'fsi_nb/dashboard.py'),
                                   'fsi_nb.dashboard.Dashboard.__call__': ('dashboard.html#dashboard.__call__', 'fsi_nb/dashboard.py'),
                                   'fsi_nb.dashboard.Dashboard.__init__': ('dashboard.html#dashboard.__init__', 'fsi_nb/dashboard.py'),
+                                  'fsi_nb.dashboard.Dashboard._check_routing': ( 'dashboard.html#dashboard._check_routing',
+                                                                                 'fsi_nb/dashboard.py'),
                                   'fsi_nb.dashboard.Dashboard._follow': ('dashboard.html#dashboard._follow', 'fsi_nb/dashboard.py'),
                                   'fsi_nb.dashboard.Dashboard._head': ('dashboard.html#dashboard._head', 'fsi_nb/dashboard.py'),
                                   'fsi_nb.dashboard.Dashboard._show': ('dashboard.html#dashboard._show', 'fsi_nb/dashboard.py'),
