@@ -14,6 +14,7 @@ from fastcore.imports import in_notebook
 
 from .sizing import has_widget_frontend  # one detector of a live widget frontend, shared with the sizing explorer
 from .run_folder import RunFolder, RunConfig, Status, read_config, read_status
+from .health import RoutingAlarm
 
 # %% auto #0
 __all__ = ['LogTail', 'read_log', 'eta_seconds', 'fig_png', 'summary_line', 'plot_training', 'plot_routing', 'Dashboard', 'watch',
@@ -109,25 +110,37 @@ def plot_training(df:pd.DataFrame, title:str='', vocab_size:int|None=32768) -> F
     return fig
 
 # %% ../nbs/10_dashboard.ipynb #e4d96a56
-def plot_routing(df:pd.DataFrame, title:str='') -> Figure | None:
-    "MoE routing health: expert-load heatmap (layers x experts) of the last record, dead experts, entropy, overlap."
+def plot_routing(df:pd.DataFrame, title:str='',
+                 entropy_min:float|None=None   # the alarm's entropy threshold, drawn on the entropy panel
+                ) -> Figure | None:
+    "MoE routing health: expert-load heatmap (layers x experts) of the last record; per layer over steps: dead experts, entropy, max/min load, overlap."
     if 'routing' not in df or df.routing.dropna().empty: return None
     r = df.routing.dropna()
     steps = df.step[r.index]
     load = np.array(r.iloc[-1]['load'])
-    fig = Figure(figsize=(11, 6), layout='constrained')
-    gs = fig.add_gridspec(2, 3)
+    layers, experts = load.shape
+    fig = Figure(figsize=(13, 6.5), layout='constrained')
+    gs = fig.add_gridspec(2, 4)
     h = fig.add_subplot(gs[0, :])
-    im = h.imshow(load * load.shape[1], aspect='auto', cmap='RdBu_r', vmin=0, vmax=2, interpolation='nearest')
-    h.set_yticks(range(load.shape[0])); h.set_xlabel('expert'); h.set_ylabel('layer'); h.set_title(f'expert load at step {steps.iloc[-1]} (1 = even share)')
+    im = h.imshow(load * experts, aspect='auto', cmap='RdBu_r', vmin=0, vmax=2, interpolation='nearest')
+    h.set_yticks(range(layers)); h.set_xlabel('expert'); h.set_ylabel('layer'); h.set_title(f'expert load at step {steps.iloc[-1]} (1 = even share)')
     fig.colorbar(im, ax=h, fraction=0.03)
-    for ax, key, lab in [(fig.add_subplot(gs[1, 0]), 'dead_experts', 'dead experts'),
-                         (fig.add_subplot(gs[1, 1]), 'entropy', 'load entropy (1 = even)'),
-                         (fig.add_subplot(gs[1, 2]), 'population_overlap', 'population overlap (cos^2)')]:
-        vals = np.array([x[key] for x in r], dtype=float)   # steps x layers
-        for l in range(vals.shape[1]): ax.plot(steps, vals[:, l], lw=1, label=f'layer {l}' if vals.shape[1] <= 8 else None)
-        ax.set_title(lab, fontsize=9); ax.set_xlabel('step')
-    if load.shape[0] <= 8: ax.legend(fontsize=7)
+    series = lambda key: np.array([[np.nan if v is None else v for v in (x.get(key) or [None] * layers)] for x in r], dtype=float)  # steps x layers
+    dead, ent, mm, ov = (fig.add_subplot(gs[1, i]) for i in range(4))
+    label = lambda l: f'layer {l}' if layers <= 8 else None
+    for ax, key in ((dead, 'dead_experts'), (ent, 'entropy'), (ov, 'population_overlap')):
+        vals = series(key)
+        for l in range(layers): ax.plot(steps, vals[:, l], lw=1, label=label(l))
+    hi, lo = series('max_load'), series('min_load')
+    for l in range(layers):
+        c = mm.plot(steps, hi[:, l] * experts, lw=1, label=label(l))[0].get_color()
+        mm.plot(steps, lo[:, l] * experts, lw=1, ls='--', color=c)
+    mm.axhline(1, color='grey', ls=':', lw=1)
+    if entropy_min is not None: ent.axhline(entropy_min, color='red', ls=':', lw=1, label=f'alarm < {entropy_min:g}')
+    for ax, lab in ((dead, 'dead experts'), (ent, 'load entropy (1 = even)'), (mm, 'max (solid) / min (dashed) load, 1 = even'),
+                    (ov, 'population overlap (cos^2)')): ax.set_title(lab, fontsize=9); ax.set_xlabel('step')
+    if layers <= 8: dead.legend(fontsize=7)
+    if entropy_min is not None: ent.legend(fontsize=7)
     if title: fig.suptitle(title)
     return fig
 
@@ -140,7 +153,8 @@ class Dashboard:
                  redraw_s:float=2.0,           # widgets: at most one redraw per this many seconds
                  png_s:float=60.0,             # log-line mode: refresh the PNGs at most this often
                  print_s:float=0.0,            # log-line mode: at most one line per this many seconds
-                 vocab_size:int|None=None):
+                 vocab_size:int|None=None,
+                 alarm:RoutingAlarm|None=None): # MoE routing thresholds (fsi_nb.health); default RoutingAlarm()
         self.run_dir, self.records = Path(run_dir), []
         cfg = read_config(self.run_dir) or RunConfig()
         self.total_steps = total_steps or cfg.total_steps
@@ -150,6 +164,7 @@ class Dashboard:
         self._drawn = self._png = self._printed = 0.0
         self._printed_step = None
         self._w, self.note = None, ''
+        self.alarm, self.alarms, self._alarm_step = alarm or RoutingAlarm(), [], -1   # the alarm lines so far, and the last step checked
 
 # %% ../nbs/10_dashboard.ipynb #69958b21
 @patch
@@ -168,7 +183,8 @@ def _show(self:Dashboard, name, png:bytes):
 def _head(self:Dashboard, line:str=''):
     import html
     self._line = line or getattr(self, '_line', '')
-    self._w['head'].value = f'<pre>{html.escape(self.run_dir.name)}: {html.escape(self._line)}' + (f'\n{html.escape(self.note)}' if self.note else '') + '</pre>'
+    self._w['head'].value = f'<pre>{html.escape(self.run_dir.name)}: {html.escape(self._line)}' + (f'\n{html.escape(self.note)}' if self.note else '') + ''.join(
+        f'\n<span style="color:#c00">{html.escape(a)}</span>' for a in self.alarms[-5:]) + '</pre>'
 
 # %% ../nbs/10_dashboard.ipynb #e249ca9d
 @patch
@@ -184,7 +200,7 @@ def save_pngs(self:Dashboard) -> list[Path]:
     df, out = self.frame(), []
     title = f'{self.run_dir.name}: step {df.step.iloc[-1] if len(df) else 0}'
     fig_png(plot_training(df, title, self.vocab_size), self.run_dir/'training.png'); out.append(self.run_dir/'training.png')
-    rf = plot_routing(df, title)
+    rf = plot_routing(df, title, self.alarm.entropy_min)
     if rf is not None: fig_png(rf, self.run_dir/'routing.png'); out.append(self.run_dir/'routing.png')
     return out
 
@@ -195,19 +211,21 @@ def update(self:Dashboard, force:bool=False):
     if not self.records: return
     now = time.monotonic()
     line = summary_line(self.records[-1], self.total_steps, eta_seconds(self.records, self.total_steps))
+    fresh = self._check_routing()
     if self.live:
         if self._w is None: self._widgets()
         self._head(line)
         if force or now - self._drawn >= self.redraw_s:
             df = self.frame()
             self._show('train', fig_png(plot_training(df, vocab_size=self.vocab_size)))
-            rf = plot_routing(df)
+            rf = plot_routing(df, entropy_min=self.alarm.entropy_min)
             if rf is not None: self._show('routing', fig_png(rf))
             self._drawn = time.monotonic()
     else:
         step = self.records[-1].get('step')
         if step != self._printed_step and (force or now - self._printed >= self.print_s):
             print(line, flush=True); self._printed, self._printed_step = now, step
+        for a in fresh: print(a, flush=True)   # never rate-limited: each alarm line is printed once
         if force or now - self._png >= self.png_s:
             self.save_pngs(); self._png = time.monotonic()
 
@@ -218,6 +236,18 @@ def __call__(self:Dashboard, rec:dict):
     self.records.append(rec)
     self.total_steps = self.total_steps or rec.get('total_steps')
     self.update()
+
+# %% ../nbs/10_dashboard.ipynb #e1cddfba
+@patch
+def _check_routing(self:Dashboard) -> list[str]:
+    "Feed the records not checked yet to the routing alarm; the new alarm lines (all of them are in `self.alarms`)."
+    fresh = []
+    for r in self.records:   # a resume logs steps again (the same numbers): each step is checked once
+        if isinstance(r.get('step'), int) and r['step'] > self._alarm_step:
+            if r.get('routing'): fresh += self.alarm.update(r['routing'], r['step'])
+            self._alarm_step = r['step']
+    self.alarms += fresh
+    return fresh
 
 # %% ../nbs/10_dashboard.ipynb #7757324a
 @patch
@@ -368,6 +398,8 @@ def lab_copies(names=('sizing', 'train'), # run notebooks to copy
     from fsi_nb.config import load_settings
     src = Path(fsi_nb.__file__).resolve().parents[1]/'nbs'
     missing = [n for n in names if not (src/f'{n}.ipynb').exists()]
+    valid = sorted(p.stem for p in src.glob('[a-z]*.ipynb') if p.stem != 'index')
+    if missing and valid: raise FileNotFoundError(f"no run notebook called {', '.join(missing)}. Fix: use one of {', '.join(valid)}.")
     if missing: raise FileNotFoundError(f"no {', '.join(f'{n}.ipynb' for n in missing)} in {src}: the run notebooks come with a source "
                                         "checkout of fsi_nb. Fix: use a git checkout installed with pip install -e, or a name in "
                                         f"{', '.join(sorted(p.stem for p in src.glob('[a-z]*.ipynb'))) or 'nbs/'}.")
@@ -379,7 +411,7 @@ def lab_copies(names=('sizing', 'train'), # run notebooks to copy
         out.append(dest/f'{n}.ipynb')
     return out
 
-def main(argv:list=None):
+def main(argv:list=None) -> int:
     "`python -m fsi_nb.dashboard lab [NAME ...] [--fresh] [--dest DIR]`: the working copies, and the command that opens them."
     import argparse
     ap = argparse.ArgumentParser(prog='python -m fsi_nb.dashboard', description='Working copies of the run notebooks for JupyterLab.')
@@ -388,10 +420,12 @@ def main(argv:list=None):
     ap.add_argument('--fresh', action='store_true', help='replace copies that exist (their edits are lost)')
     ap.add_argument('--dest', default=None, help='default: <runs_dir>/lab')
     a = ap.parse_args(argv)
-    paths = lab_copies(a.names, dest=a.dest, fresh=a.fresh)
+    try: paths = lab_copies(a.names, dest=a.dest, fresh=a.fresh)
+    except (FileNotFoundError, OSError) as e: print(f'error: {e}', file=sys.stderr); return 2
     for p in paths: print(p)
     rel = os.path.relpath(paths[-1])
     print(f"open them with: jupyter lab {paths[-1] if rel.startswith('..') else rel}")
+    return 0
 
 # %% ../nbs/10_dashboard.ipynb #ab97e3be
-if __name__ == '__main__' and not in_notebook(): main()
+if __name__ == '__main__' and not in_notebook(): sys.exit(main())
