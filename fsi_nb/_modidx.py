@@ -609,6 +609,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                 'fsi_nb.sandbox._system_paths': ('sandbox.html#_system_paths', 'fsi_nb/sandbox.py'),
                                 'fsi_nb.sandbox._verdict': ('sandbox.html#_verdict', 'fsi_nb/sandbox.py'),
                                 'fsi_nb.sandbox._world_usable': ('sandbox.html#_world_usable', 'fsi_nb/sandbox.py'),
+                                'fsi_nb.sandbox.check_isolation': ('sandbox.html#check_isolation', 'fsi_nb/sandbox.py'),
                                 'fsi_nb.sandbox.check_record': ('sandbox.html#check_record', 'fsi_nb/sandbox.py'),
                                 'fsi_nb.sandbox.check_records': ('sandbox.html#check_records', 'fsi_nb/sandbox.py'),
                                 'fsi_nb.sandbox.isolation_mode': ('sandbox.html#isolation_mode', 'fsi_nb/sandbox.py'),

@@ -8,6 +8,7 @@ import argparse, importlib, json, sys
 
 from .checkpoint import CheckpointError
 from .runs import NeedsGPUError
+from .sandbox import SandboxUnavailable
 from .distributed import ranks_from_env, close_ranks, LaunchError
 from .train import train
 from .stages import run_pipeline
@@ -35,7 +36,7 @@ def train_parser() -> argparse.ArgumentParser:
     ap.add_argument('--run-name', help='folder under runs_dir (default: the preset name)')
     ap.add_argument('--stage', help='the stage this run trains (default stage1): stage1, stage1b, stage2, ... (fsi_nb.config.STAGES)')
     ap.add_argument('--stages', help='a pipeline: comma separated stages, each its own run under --run-name, e.g. stage1,stage1b,stage2')
-    ap.add_argument('--init-from', help="a run folder or checkpoint whose final weights start this run (fresh optimizer); 'scratch': "
+    ap.add_argument('--init-from', help="a run folder or checkpoint whose weights (its best validation's; --init-checkpoint) start this run (fresh optimizer); 'scratch': "
                     "random weights, for a stage that would start from an earlier one's")
     ap.add_argument('--init-checkpoint', dest='init_checkpoint', help="which of --init-from's checkpoints: best (default: its best "
                     "validation's), final, latest or a step number")
@@ -91,7 +92,7 @@ def train_main(argv=None) -> int:
                   max_steps_cap=a.max_steps_cap, **over)
     except CheckpointError as e:
         err(e); return 4
-    except (NeedsGPUError, ValueError, FileNotFoundError) as e:
+    except (NeedsGPUError, ValueError, FileNotFoundError, SandboxUnavailable) as e:
         err(e); return 2
     except LaunchError as e:
         err(e); return 1

@@ -296,7 +296,7 @@ class Stage:
     name: str
     objective: str            # a name in `fsi_nb.objectives.OBJECTIVES`
     data: str                 # what it trains on, in words
-    starts_from: str | None   # the stage whose final weights it starts from; None: from scratch (the pretraining stage)
+    starts_from: str | None   # the stage whose weights (its best validation's) it starts from; None: from scratch (the pretraining stage)
     train: dict = field(default_factory=dict)    # TrainConfig fields over the preset's
     model: dict = field(default_factory=dict)    # FSIEdgeConfig fields over the preset's (RoPE base, max length)
     data_mix: DataMix | None = None              # what its batches draw; None: it samples from the model or reads records

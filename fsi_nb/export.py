@@ -269,7 +269,7 @@ def export_hf(run,                 # a run folder, a checkpoint file, or a `Load
               force:bool=False,    # replace a non-empty `out`
               data_dir=None        # None: the run's own data folder
              ) -> Path:
-    "Write the run's final weights as a transformers folder: safetensors, config, tokenizer, generation config and modeling code."
+    "Write the run's chosen weights (its best validation's by default) as a transformers folder: safetensors, config, tokenizer, generation config and modeling code."
     from safetensors.torch import save_file
     r = load_for_export(run, data_dir)
     eot, pad = r.tokenizer.token_to_id(EOT_TOKEN), r.tokenizer.token_to_id(PAD_TOKEN)
@@ -442,7 +442,7 @@ def export_gguf(run,               # a run folder, a checkpoint file, or a `Load
                 force:bool=False,  # replace a non-empty `out`
                 data_dir=None      # None: the run's own data folder
                ) -> Path:
-    "Write the run's final weights, hyper-parameters and tokenizer as one GGUF file in `out`; returns the file's path."
+    "Write the run's chosen weights (best by default), hyper-parameters and tokenizer as one GGUF file in `out`; returns the file's path."
     import gguf
     Q = gguf.GGMLQuantizationType
     r = load_for_export(run, data_dir)
@@ -544,7 +544,7 @@ def export(run,               # a run folder, a checkpoint file, or a `LoadedRun
            q8:bool=False,     # gguf only: Q8_0 matrices
            force:bool=False,  # replace a non-empty `out`
            data_dir=None) -> Path:
-    "Export a run's final weights in `format`; returns the folder (hf) or the file (gguf)."
+    "Export a run's chosen weights (best by default) in `format`; returns the folder (hf) or the file (gguf)."
     _check_options(format, q8)
     if format == 'hf': return export_hf(run, out, force, data_dir)
     return export_gguf(run, out, q8, force, data_dir)

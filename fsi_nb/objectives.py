@@ -25,11 +25,14 @@ __all__ = ['OBJECTIVES', 'Objective', 'NextToken', 'FIM', 'chat_pieces', 'encode
 # %% ../nbs/08c_objectives.ipynb #9c4a7724
 class Objective:
     "What a stage trains: batches, loss and a held-out metric. Subclasses implement `batch`, `loss` and `evaluate`."
+    runs_model_code = False   # True: it executes model-written code (through fsi_nb.sandbox)
+    notes: list   # what the run should know about its data (records cut, pairs found): printed, and kept in status.json
     metric, higher_is_better = 'val_loss', False
 
     def __init__(self, spec:RunSpec, data_dir):
         self.spec, self.cfg, self.data_dir, self.device = spec, spec.train, Path(data_dir), spec.device
         self.ocfg = spec.objective   # the objective's own settings (`fsi_nb.config.OBJECTIVE_CONFIGS`); None for next-token
+        self.notes = []
 
     def setup(self, model): "Called once, with the starting weights loaded, before the first batch (reference models, pairs)."
     def steps(self) -> int | None: return None
@@ -130,7 +133,14 @@ class SFT(Objective):
         super().__init__(spec, data_dir)
         self.tok = load_tokenizer(self.data_dir/'tokenizer')
         self.pad_id = self.tok.token_to_id('<|pad|>')
+        self.cut = {}                     # split -> (records cut at seq_len, records)
         self.rows = {split: self._rows(split) for split in ('train', 'val')}
+        if (n_cut := self.cut['train'][0]):
+            n = self.cut['train'][1]
+            self.notes.append(f"{type(self).__name__}: {n_cut} of {n} training records ({n_cut / n:.0%}) are longer than seq_len="
+                              f"{self.cfg.seq_len} and are cut to it, so their ends (often the reply) are not trained. Fix: a longer "
+                              f"seq_len where max_seq_len allows it (--set {self.cfg.stage}.seq_len=N), or --set {self.cfg.stage}.kinds=... without the long kind")
+            print(self.notes[-1], flush=True)
         if len(self.rows['train'][0]) == 0:
             raise ValueError(f"{self.data_dir} has no training records for {type(self).__name__} (kinds {self.record_kinds}). Fix: prepare "
                              "with the coldstart source (settings.ini corpus_sources).")
@@ -142,8 +152,9 @@ class SFT(Objective):
     def record_kinds(self) -> tuple: return self.ocfg.kinds or self.kinds   # the stage's choice, else the objective's own
 
     def _rows(self, split):
-        x, y, self.n_cut = pack_examples([encode_example(self.tok, r, self.with_thought) for r in self.records(split)],
-                                         self.cfg.seq_len, self.pad_id)
+        recs = self.records(split)
+        x, y, n_cut = pack_examples([encode_example(self.tok, r, self.with_thought) for r in recs], self.cfg.seq_len, self.pad_id)
+        self.cut[split] = (n_cut, len(recs))
         return x, y
 
     def steps(self):
@@ -334,6 +345,7 @@ def _record_sandbox(objective, results:list) -> list:
 
 class GRPOExecution(GRPO):
     "`stage3b`: GRPO on code prompts; the reward is whether the sampled code passes the task's tests in the sandbox."
+    runs_model_code = True   # its samples run in the sandbox: a pipeline checks isolation before its first stage
     kinds = ('code',)
     sandbox_mode = None   # bwrap, unshare or none: what the sandbox ran under, once it has run
     def rewards(self, recs, completions):
@@ -350,6 +362,7 @@ def dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta:floa
 # %% ../nbs/08c_objectives.ipynb #78eb6a32
 class DPO(Objective):
     "DPO over preference pairs made from execution results of the starting model's samples, in epochs."
+    runs_model_code = True   # its samples run in the sandbox: a pipeline checks isolation before its first stage
     metric, higher_is_better = 'val_reward_margin', True
 
     def __init__(self, spec, data_dir):

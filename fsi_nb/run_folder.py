@@ -156,6 +156,8 @@ class Status:
     signum: int|None = None            # the signal that stopped it
     resumed_from: str|None = None
     world_size: int|None = None
+    sandbox: str|None = None           # the isolation model-written code ran under (bwrap, unshare, none), when the stage ran any
+    notes: list|None = None            # what the objective said about its data (records cut at seq_len, ...)
     pid: int|None = None               # the process that trains it, on `host`
     host: str|None = None
     started: float|None = None

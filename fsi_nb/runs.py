@@ -235,7 +235,7 @@ SCRATCH = 'scratch'   # init_from for a later stage trained from random weights 
 def _refuse_missing_start(stage:Stage, t:TrainConfig):
     "A stage that starts from an earlier one's weights needs them (or `init_from='scratch'`, on purpose)."
     if stage.starts_from and not t.init_from:
-        raise ValueError(f"{stage.name} ({stage.objective}) starts from {stage.starts_from}'s final weights, and no init_from is given: "
+        raise ValueError(f"{stage.name} ({stage.objective}) starts from {stage.starts_from}'s weights, and no init_from is given: "
                          f"it would train from random weights. Fix: chain it (--stages {stage.starts_from},{stage.name}), or --init-from RUN "
                          f"(a run folder or checkpoint), or --init-from {SCRATCH} to train it from random weights on purpose.")
 

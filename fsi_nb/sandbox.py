@@ -439,6 +439,11 @@ def _resolve_mode(mode:str|None, allow_unsafe:bool) -> str:
         _warned_unsafe = True
     return mode
 
+def check_isolation(allow_unsafe:bool=False) -> str:
+    "The mode model-written code would run under here; `SandboxUnavailable`, with the fix, when none works and unsafe is not allowed: ask before hours of training, not after."
+    return _resolve_mode(None, allow_unsafe)
+
+
 # %% ../nbs/03_sandbox.ipynb #4941f307
 def run_code(program:str,                # Python source: a solution, or a whole script
              tests:list[str]|str|None=None, # statements run after it in the same namespace, e.g. 'assert add(1, 2) == 3'

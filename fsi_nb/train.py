@@ -22,6 +22,7 @@ from .runs import RunSpec, SCRATCH, resolve_run, warn_short_warmup, autocast_con
 from .run_folder import (RunFolder, RunConfig, Status, Checkpoint, check_writable, is_smoke_run, truncate_log, write_config,
                                write_status, read_status, save_run_checkpoint, read_checkpoint, pick_checkpoint, choose_checkpoint,
                                check_compatible)
+from .health import RoutingAlarm
 from .objectives import make_objective, GRPO, DPO
 from .distributed import (Ranks, init_ranks, wrap_model, grad_sync, clip_grad_norm,
                                 full_model_state, full_optimizer_state, load_optimizer_state, restore_rng,
@@ -441,6 +442,7 @@ class _Loop:
         self.timings = dict(total=0.0, data=0.0, log=0.0, checkpoint=0.0, eval=0.0)
         self.saved_step = st.step if checkpoint else None
         self.resumed_from, self.stopped, self.signum, self.session_tokens, self.best_pending = checkpoint, 'finished', None, 0, False
+        self.alarm = RoutingAlarm() if spec.model.is_moe else None   # expert collapse: an ALARM line in the log and on the console
 
 # %% ../nbs/09_train.ipynb #3c6b40ee
 @patch
@@ -579,6 +581,9 @@ def _log(self:_Loop, log, r, lr, now, val):
     rec.update({k: v for k, v in r.metrics.items() if k != 'routing'})
     if val: rec.update(val)
     if self.spec.model.is_moe and r.metrics.get('routing'): rec['routing'] = routing_record(r.metrics['routing'])
+    if self.alarm and (alarms := self.alarm.update(rec.get('routing'), rec['step'])):
+        rec['alarms'] = alarms
+        for line in alarms: tqdm.write(line, file=sys.stderr)
     log.write(json.dumps(json_safe(rec), allow_nan=False) + '\n'); log.flush()   # a skipped step's loss: null
     if not self.progress: print(_console_line(rec, val), flush=True)   # no bar: the seed's plain line every log_interval steps
     self.last_log, self.last_log_tokens = now, st.tokens
@@ -617,7 +622,8 @@ def result(self:_Loop, skipped) -> RunResult:
                   stage=t.stage, checkpoint=str(self.checkpoint) if self.checkpoint else None, best=st.best, metric=self.objective.metric,
                   higher_is_better=self.objective.higher_is_better, evals=st.evals, tokens_per_sec=tps, ended=time.time(), pid=os.getpid(),
                   avg_loss=st.avg_loss, tokens=st.tokens, bad_steps=st.bad_steps, timings=self.timings, signum=self.signum,
-                  resumed_from=str(self.resumed_from) if self.resumed_from else None, world_size=self.ranks.world)
+                  resumed_from=str(self.resumed_from) if self.resumed_from else None, world_size=self.ranks.world,
+                  sandbox=getattr(self.objective, 'sandbox_mode', None), notes=getattr(self.objective, 'notes', None) or None)
     if self.ranks.main:
         print(f'{self.spec.run_name}: {msg}. loss {st.loss if st.loss is None else round(st.loss, 4)}, '
               f'{tps:,.0f} tokens/s this session', file=sys.stderr)

@@ -87,6 +87,24 @@ def test_sft_stage_trains_on_the_reply_only(prepared_data, tmp_path):
     a, b = encode_example(tok, rec), encode_example(tok, dict(rec, prompt=rec['prompt'] + ' Please hurry.'))
     assert [l for l in a[1] if l != -100] == [l for l in b[1] if l != -100]
 
+def test_sft_records_cut_at_the_context_are_reported(prepared_data, tmp_path, capsys):
+    "A record longer than seq_len is cut to it (no row spans two contexts): the objective counts them, says so once, and status.json keeps the note."
+    from fsi_nb.runs import resolve_run
+    from fsi_nb.objectives import make_objective, encode_example
+    from fsi_nb.train import train
+    spec = resolve_run('tiny', 'x', stage='stage2', init_from='scratch', data_dir=prepared_data, runs_dir=tmp_path, seq_len=32)
+    obj = make_objective(spec, prepared_data)
+    longer = sum(len(encode_example(obj.tok, r)[0]) > 32 for r in obj.records('train'))   # counted by hand
+    assert obj.cut['train'] == (longer, len(obj.records('train'))) and longer > 0
+    assert f'{longer} of {len(obj.records("train"))} training records' in capsys.readouterr().out
+    wide = make_objective(resolve_run('tiny', 'y', stage='stage2', init_from='scratch', data_dir=prepared_data, runs_dir=tmp_path, seq_len=128,
+                                      max_seq_len=4096), prepared_data)
+    assert wide.cut['train'][0] < longer
+    r = train('tiny', 'cut', progress=False, stage='stage2', init_from='scratch', data_dir=prepared_data, runs_dir=tmp_path, d_model=32,
+              batch_size=2, seq_len=32, max_steps=1, warmup_steps=0, eval_batches=1)
+    notes = json.loads((r.run_dir/'status.json').read_text())['notes']
+    assert len(notes) == 1 and 'are longer than seq_len=32' in notes[0] and 'Fix:' in notes[0], notes
+
 def test_read_only_runs_folder_is_a_clear_error(prepared_data, tmp_path):
     "A runs folder on a read-only filesystem (EROFS stops root too): exit 4 with the cause and the fix, no traceback."
     ro = tmp_path/'ro'; ro.mkdir()
