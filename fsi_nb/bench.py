@@ -17,15 +17,15 @@ from .moe import MoEFFN
 from .model import FSIEdgeModel, chunked_cross_entropy
 from .runs import resolve_precision, tune_cpu_allocator
 from .train import make_optimizer, train, train_step as trainer_step
-from .objectives import Objective
+from .objectives import Objective, sample_group, sample_prompts
 
 # %% auto #0
 __all__ = ['MOE_TARGET_SHAPE', 'TABLES', 'median_times', 'median_time', 'matmul_ceiling', 'DenseAttention', 'DenseBlock',
            'DenseDecoder', 'dense_flops_per_token', 'FixedBatch', 'train_step', 'step_throughputs', 'step_throughput',
            'cpu_moe_config', 'active_d_ff', 'preset_row', 'step_rows', 'default_loss', 'bench_step', 'bench_options',
-           'bench_helix', 'moe_shapes', 'bench_moe', 'bench_loop', 'OpCounter', 'ops_per_step', 'ops_rows', 'bench_ops',
-           'gpu_rows', 'datasheet_peak', 'bench_device', 'default_tables', 'run_bench', 'summary', 'format_report',
-           'main']
+           'bench_helix', 'moe_shapes', 'bench_moe', 'bench_loop', 'bench_rl_sampling', 'OpCounter', 'ops_per_step',
+           'ops_rows', 'bench_ops', 'gpu_rows', 'datasheet_peak', 'bench_device', 'default_tables', 'run_bench',
+           'summary', 'format_report', 'main']
 
 # %% ../nbs/12_bench.ipynb #761d6c1f
 def median_times(fns, # functions called with no arguments
@@ -311,6 +311,26 @@ def bench_loop(presets=('tiny', 'med'), # CPU presets to train briefly
                              tokens_per_sec=r.tokens_per_sec))
     return rows
 
+# %% ../nbs/12_bench.ipynb #7ccf9bc4
+def bench_rl_sampling(preset:str='tiny',       # the model's shape (random weights: no sample ends early, both sides decode in full)
+                      prompts:int=8,           # prompts of one step (stage3b's batch on tiny)
+                      group:int=8,             # samples per prompt (GRPO's group_size)
+                      max_new_tokens:int=48,   # stage3b's on tiny
+                      lengths=(20, 21, 22),    # prompt lengths, cycled (stage3b's on tiny)
+                      warmup:int=1, iters:int=3) -> list[dict]:
+    "Samples/s of GRPO's sampling: the per-group loop (`sample_group`) against one batched generation per length (`sample_prompts`)."
+    torch.manual_seed(0)
+    model = FSIEdgeModel(get_preset(preset).model).eval()
+    vocab, eot = model.cfg.vocab_size, 0
+    ps = [torch.randint(1, vocab, (lengths[i % len(lengths)],)).tolist() for i in range(prompts)]
+    loop = lambda: [sample_group(model, p, group, max_new_tokens, 1.0, eot, seed=0, greedy=True) for p in ps]
+    batched = lambda: sample_prompts(model, ps, group, max_new_tokens, 1.0, eot, seed=0, greedy=True)
+    same = loop() == batched()
+    t_loop, t_batched = median_times([loop, batched], warmup=warmup, iters=iters)
+    n = prompts * group
+    return [dict(preset=preset, prompts=prompts, group=group, new_tokens=max_new_tokens, loop_samples_per_sec=n / t_loop,
+                 batched_samples_per_sec=n / t_batched, speedup=t_loop / t_batched, greedy_equal=same)]
+
 # %% ../nbs/12_bench.ipynb #493c210a
 _NO_WORK = frozenset({'_unsafe_view', 'lift_fresh', 'empty', 'empty_strided', 'empty_like', 'new_empty', 'new_empty_strided', 'resize_',
                       'promote_types', 'sym_size', 'sym_numel', 'sym_stride'})  # metadata only
@@ -396,7 +416,7 @@ def bench_device(ceiling:dict, # `matmul_ceiling(device=...)` on the same device
     return out
 
 # %% ../nbs/12_bench.ipynb #ee93e861
-TABLES = ('step', 'options', 'helix', 'moe', 'loop', 'ops', 'gpu')
+TABLES = ('step', 'options', 'helix', 'moe', 'loop', 'rl', 'ops', 'gpu')
 
 def default_tables() -> tuple:
     "Every table this machine can run: the CPU ones, and 'gpu' when torch sees a CUDA GPU."
@@ -427,6 +447,8 @@ def run_bench(quick:bool=False, # small shapes and few repetitions (a test's < 6
         if t == 'helix': res[t] = bench_helix((128, 256) if quick else (128, 512, 2048), warmup=1, iters=1 if quick else 7)
         if t == 'moe': res[t] = [r for n, c in moe_shapes(quick) for r in bench_moe(c, tokens=1024 if quick else 4096, name=n, **(reps if quick else dict(warmup=3, iters=9)))]
         if t == 'loop': res[t] = bench_loop(('tiny',), 3, data_dir, batch_size=2, seq_len=64) if quick else bench_loop(data_dir=data_dir)
+        if t == 'rl': res[t] = bench_rl_sampling(prompts=4, group=4, max_new_tokens=8, warmup=0, iters=1) if quick else \
+                               bench_rl_sampling(**reps) + bench_rl_sampling(prompts=48, group=4, warmup=1, iters=2)   # a step; a validation
         if t == 'ops': res[t] = bench_ops(ops_rows(quick))
         if t == 'gpu':
             res['meta']['gpu'] = torch.cuda.get_device_name()
@@ -466,6 +488,9 @@ def summary(res:dict) -> str:
             lines += [f"GPU {r['preset']} {'compiled' if r['compile'] else 'eager'}: {r['tokens_per_sec']:,.0f} tokens/s "
                       f"({r['tokens_per_sec'] / d['tokens_per_sec']:.2f}x dense), MFU {r['mfu']:.1%} of measured ({r['mfu_datasheet']:.1%} of datasheet), "
                       f"peak {r['peak_memory_gb']:.1f} GB (sizing predicts {r['predicted_memory_gb']:.1f})"]
+    if 'rl' in res: lines += ['RL sampling, batched/loop samples/s (target >= 3x at a GRPO step, 8 prompts x 8; greedy samples equal): ' + ', '.join(
+        f"{r['preset']} {r['prompts']}x{r['group']} {r['speedup']:.1f}x " + (ok(r['speedup'] >= 3 and r['greedy_equal']) if (r['prompts'], r['group']) == (8, 8)
+        else f"(not judged{'' if r['greedy_equal'] else ', SAMPLES DIFFER'})") for r in res['rl'])]
     if 'loop' in res: lines += ['train loop overhead (target <= 5%): ' + ', '.join(f"{r['preset']} {r['overhead']:.1%} {ok(r['overhead'] <= 0.05)}" for r in res['loop'])]
     return '\n'.join(lines)
 
@@ -475,6 +500,7 @@ _TITLES = dict(step='Training step (forward + backward + AdamW), eager: hybrid F
                helix='Helix parallel vs per-token loop, forward (targets: >= 10x at 512, >= 25x at 2048; flat us/token = linear)',
                moe=f'MoE layer forward+backward vs dense SwiGLU of the same active size (target ratio >= 0.6 at the {MOE_TARGET_SHAPE})',
                loop='fsi_nb.train loop overhead as a share of step time (target <= 5%)',
+               rl='RL sampling (GRPO step shape, greedy): one generate per prompt group vs one per prompt length (target >= 3x, samples equal)',
                ops='Operators per bf16 training step that do work (on a GPU, at least one kernel launch each): hybrid vs dense',
                gpu='GPU presets, bf16 training step at each preset\'s micro-batch and sequence (each model alone; MFU against the measured ceiling and the datasheet; memory measured vs fsi_nb.sizing)')
 

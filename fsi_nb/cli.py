@@ -57,7 +57,7 @@ def train_parser() -> argparse.ArgumentParser:
                     'DDP for dense presets, FSDP2 for MoE ones (under torchrun itself, torchrun decides)')
     ap.add_argument('--no-resume', action='store_true', help='refuse to continue an existing run')
     ap.add_argument('--smoke', action='store_true', help="the preset's architecture for 2 steps at batch 1 on the CPU")
-    ap.add_argument('--no-progress', action='store_true', help='no tqdm bar')
+    ap.add_argument('--no-progress', action='store_true', help='no tqdm bar: a plain line every log_interval steps (also when stderr is not a terminal)')
     ap.add_argument('--set', action='append', default=[], metavar='KEY=VALUE',
                     help="any other TrainConfig, FSIEdgeConfig or objective field, e.g. --set d_model=32; with --stages, "
                          "--set stage2.epochs=1 sets one stage's")
@@ -79,16 +79,17 @@ def train_main(argv=None) -> int:
         if not eq: ap.error(f'--set {kv!r}: expected KEY=VALUE, e.g. --set d_model=32')
         over[k.strip()] = _value(v.strip())
     stages = over.pop('stages', None)
+    progress = not a.no_progress and sys.stderr.isatty()   # a bar on a terminal; under nohup, tmux logs, CI: a plain line per log_interval
     ranks = ranks_from_env()
     err = lambda e: print(f"error{f' (rank {ranks.rank})' if ranks.world > 1 else ''}: {e}", file=sys.stderr)
     try:
         if stages:   # a chain of runs, one per stage: fsi_nb.stages
             if ranks.world > 1: raise ValueError("--stages under torchrun: every rank would run the pipeline's bookkeeping. Fix: "
                                                  "python -m fsi_nb.train --stages ... --nproc N (each stage its own torchrun job).")
-            res = run_pipeline(stages, a.preset, a.run_name, smoke=a.smoke, progress=not a.no_progress, nproc=a.nproc, **over)
+            res = run_pipeline(stages, a.preset, a.run_name, smoke=a.smoke, progress=progress, nproc=a.nproc, **over)
             if ranks.main: print(res.table.to_string(index=False))
             return _EXIT.get(res.stopped, 0) if res.signum is None else 128 + res.signum
-        r = train(a.preset, a.run_name, resume=not a.no_resume, smoke=a.smoke, progress=not a.no_progress, nproc=a.nproc,
+        r = train(a.preset, a.run_name, resume=not a.no_resume, smoke=a.smoke, progress=progress, nproc=a.nproc,
                   max_steps_cap=a.max_steps_cap, **over)
     except CheckpointError as e:
         err(e); return 4

@@ -13,8 +13,8 @@ from fastcore.basics import patch
 # %% auto #0
 __all__ = ['OBJECTIVE_CONFIGS', 'LOSS_CHUNK_LOGITS', 'BUILTIN_CORPUS_TOKENS', 'PRESETS', 'PRETRAINING_MIX', 'FINAL_MIX',
            'FIM_MIX', 'LONG_CONTEXT_CPU', 'STAGES', 'FSIEdgeConfig', 'TrainConfig', 'SFTConfig', 'GRPOConfig',
-           'DPOConfig', 'loss_chunk_rows', 'Preset', 'get_preset', 'DataMix', 'Stage', 'get_stage', 'config_to_dict',
-           'config_from_dict', 'Settings', 'find_settings', 'load_settings', 'check_parameters']
+           'DPOConfig', 'loss_chunk_rows', 'Preset', 'gpu_preset', 'get_preset', 'DataMix', 'Stage', 'get_stage',
+           'config_to_dict', 'config_from_dict', 'Settings', 'find_settings', 'load_settings', 'check_parameters']
 
 # %% ../nbs/00_config.ipynb #99b32d5f
 def _check(ok, field_name, value, problem, fix):
@@ -244,7 +244,8 @@ def _cpu(name, source, model, guarded=True, **train):
                                                             'is seen twice (both guards are against repetition)')
     return Preset(name, FSIEdgeConfig(**(model | (_GUARDED[0] if guarded else {}))), t, False, source, guards)
 
-def _gpu(name, source, model, **train):
+def gpu_preset(name, source, model:dict, **train) -> Preset:
+    "A GPU preset: bf16, compiled, with the overfitting guards (`fsi_nb.sizing.size_for_budget` builds the sized ones with it)."
     t = TrainConfig(precision='bf16', device='cuda', compile=True, **(train | _GUARDED[1]))
     return Preset(name, FSIEdgeConfig(**(model | _GUARDED[0])), t, True, source,
                   _GUARDS.format(passes=t.max_steps * t.tokens_per_step / BUILTIN_CORPUS_TOKENS) + ' (the runbook caps a cloud run at 2 epochs)')
@@ -257,13 +258,13 @@ PRESETS = {p.name: p for p in [
          batch_size=16, grad_accum=2, seq_len=256, seq_curriculum=(128, 256), max_steps=14000),
     _cpu('med', 'CPU recipe "28K-med"', dict(d_model=128, n_layers=4, n_heads=8, kv_heads=4, d_ff=512, max_seq_len=256, window_size=64),
          batch_size=16, grad_accum=4, seq_len=256, max_steps=3000),
-    _gpu('h100', 'cloud seed "cipher_cloud_h100"', dict(d_model=512, n_layers=12, n_heads=8, kv_heads=2, max_seq_len=2048, window_size=256, **_moe_h100),
+    gpu_preset('h100', 'cloud seed "cipher_cloud_h100"', dict(d_model=512, n_layers=12, n_heads=8, kv_heads=2, max_seq_len=2048, window_size=256, **_moe_h100),
          batch_size=16, grad_accum=3, seq_len=2048, max_steps=10000, warmup_steps=500),  # the seed's 48 sequences a step, as 16 x 3
-    _gpu('a100', 'sized by fsi_nb.sizing for 8 h on an A100', dict(d_model=1024, n_layers=17, n_heads=16, kv_heads=4, max_seq_len=2048, window_size=256,
+    gpu_preset('a100', 'sized by fsi_nb.sizing for 8 h on an A100', dict(d_model=1024, n_layers=17, n_heads=16, kv_heads=4, max_seq_len=2048, window_size=256,
          n_routed=32, n_shared=2, top_k=4, expert_d_ff=256), batch_size=8, grad_accum=20, seq_len=2048, max_steps=9600, warmup_steps=500),
-    _gpu('h200', 'sized by fsi_nb.sizing for 8 h on an H200', dict(d_model=1280, n_layers=21, n_heads=20, kv_heads=5, max_seq_len=4096, window_size=256,
+    gpu_preset('h200', 'sized by fsi_nb.sizing for 8 h on an H200', dict(d_model=1280, n_layers=21, n_heads=20, kv_heads=5, max_seq_len=4096, window_size=256,
          n_routed=32, n_shared=2, top_k=4, expert_d_ff=320), batch_size=8, grad_accum=15, seq_len=4096, max_steps=11500, warmup_steps=500),
-    _gpu('cipher', 'full design: 62 routed experts, top-8, expert d_ff 256', dict(d_model=1024, n_layers=16, n_heads=16, kv_heads=4, max_seq_len=4096,
+    gpu_preset('cipher', 'full design: 62 routed experts, top-8, expert d_ff 256', dict(d_model=1024, n_layers=16, n_heads=16, kv_heads=4, max_seq_len=4096,
          window_size=512, n_routed=62, n_shared=2, top_k=8, expert_d_ff=256), batch_size=4, grad_accum=16, seq_len=4096, max_steps=20000, warmup_steps=1000),
 ]}
 

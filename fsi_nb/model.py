@@ -344,17 +344,20 @@ def set_structure_tables(self:FSIEdgeModel, newline, depth_delta, indent):
 @torch.no_grad()
 def generate(self:FSIEdgeModel, input_ids:torch.Tensor, # (B, T) prompt
              max_new_tokens:int, temperature:float=1.0, top_k:int|None=None, top_p:float|None=None,
-             greedy:bool=False, generator:torch.Generator|None=None) -> torch.Tensor:
-    "Prompt + `max_new_tokens` sampled tokens, (B, T + max_new_tokens), on the bounded streaming state."
+             greedy:bool=False, generator:torch.Generator|None=None,
+             stop_token:int|None=None   # stop early once every row has produced it (the tokens after it are not generated)
+            ) -> torch.Tensor:
+    "Prompt + up to `max_new_tokens` sampled tokens, (B, T + n), on the bounded streaming state (n < max_new_tokens only with `stop_token`)."
     was_training = self.training
     self.eval()
     try:
         state = self.init_state(input_ids.shape[0])
         logits = self.prefill(input_ids, state)
-        out = [input_ids]
+        out, done = [input_ids], torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         for i in range(max_new_tokens):
             nxt = sample_next(logits, temperature, top_k, top_p, greedy, generator)
             out.append(nxt[:, None])
+            if stop_token is not None and bool((done := done | (nxt == stop_token)).all()): break
             if i + 1 < max_new_tokens: logits = self.step(nxt, state)
     finally: self.train(was_training)
     return torch.cat(out, 1)

@@ -19,8 +19,9 @@ from .sandbox import run_many
 
 # %% auto #0
 __all__ = ['OBJECTIVES', 'Objective', 'NextToken', 'FIM', 'chat_pieces', 'encode_example', 'pack_examples', 'SFT', 'SFTReasoning',
-           'sample_group', 'completion_batch', 'sequence_logprobs', 'format_reward', 'completion_code',
-           'group_advantages', 'grpo_loss', 'GRPO', 'GRPOExecution', 'dpo_loss', 'DPO', 'make_objective']
+           'sample_group', 'sample_prompts', 'completion_batch', 'sequence_logprobs', 'format_reward',
+           'completion_code', 'group_advantages', 'grpo_loss', 'GRPO', 'GRPOExecution', 'dpo_loss', 'DPO',
+           'make_objective']
 
 # %% ../nbs/08c_objectives.ipynb #9c4a7724
 class Objective:
@@ -209,6 +210,21 @@ def sample_group(model, prompt:list[int], n:int, max_new_tokens:int, temperature
                          generator=torch.Generator(device=dev).manual_seed(seed))[:, len(prompt):].tolist()
     return [c[:c.index(eot) + 1] if eot in c else c for c in out]
 
+def sample_prompts(model, prompts:list, n:int, max_new_tokens:int, temperature:float, eot:int, seed:int,
+                   greedy:bool=False, max_rows:int=512) -> list[list[list[int]]]:
+    "`n` completions of each prompt: one batched generation per prompt length (at most `max_rows` rows), in lock-step, stopping once all have ended."
+    dev, out, by_len = next(model.parameters()).device, [None] * len(prompts), {}
+    for i, p in enumerate(prompts): by_len.setdefault(len(p), []).append(i)   # the streaming state has one position for all rows
+    per = max(1, max_rows // n)
+    for (L, same), k0 in ((x, k) for x in sorted(by_len.items()) for k in range(0, len(x[1]), per)):
+        idx = same[k0:k0 + per]
+        x = torch.tensor([prompts[i] for i in idx for _ in range(n)], device=dev)
+        g = torch.Generator(device=dev).manual_seed((seed * 1_000_003 + L * 1009 + k0) % 2**63)
+        rows = model.generate(x, max_new_tokens, temperature=temperature, greedy=greedy, generator=g, stop_token=eot)[:, L:].tolist()
+        rows = [r[:r.index(eot) + 1] if eot in r else r for r in rows]
+        for k, i in enumerate(idx): out[i] = rows[k * n:(k + 1) * n]
+    return out
+
 def completion_batch(prompts:list, completions:list, pad_id:int, device) -> dict:
     "Right-padded `input_ids` of prompt + completion, `labels` on the completion tokens only (-100 elsewhere)."
     rows = [(p + c, [-100] * len(p) + c) for p, c in zip(prompts, completions)]
@@ -291,12 +307,9 @@ def batch(self:GRPO, step, micro, model):
     o = self.ocfg
     rng = np.random.default_rng([t.seed, 11, step, micro])
     recs = [self.prompts['train'][i] for i in rng.choice(len(self.prompts['train']), size=t.batch_size)]
-    t0, prompts, comps = time.perf_counter(), [], []
-    for k, rec in enumerate(recs):
-        p = self.prompt_ids(rec)
-        g = sample_group(model, p, o.group_size, o.max_new_tokens, o.temperature, self.special['<|endoftext|>'],
-                         seed=int(rng.integers(2**62)))
-        prompts += [p] * len(g); comps += g
+    t0, ps = time.perf_counter(), [self.prompt_ids(r) for r in recs]
+    groups = sample_prompts(model, ps, o.group_size, o.max_new_tokens, o.temperature, self.special['<|endoftext|>'], seed=int(rng.integers(2**62)))
+    prompts, comps = [p for p, g in zip(ps, groups) for _ in g], [c for g in groups for c in g]
     sampled = time.perf_counter() - t0
     rewards = torch.tensor(self.rewards([r for r in recs for _ in range(o.group_size)], comps)).view(t.batch_size, o.group_size)
     b = completion_batch(prompts, comps, self.special['<|pad|>'], self.device)
@@ -325,11 +338,9 @@ def evaluate(self:GRPO, model):
     o = self.ocfg
     recs = self.prompts['val'][:o.num_prompts] or self.prompts['train'][:o.num_prompts]
     def run():
-        sampled, greedy = [], []
-        for i, r in enumerate(recs):
-            p = self.prompt_ids(r)
-            sampled += sample_group(model, p, 4, o.max_new_tokens, o.temperature, eot, seed=i)
-            greedy += sample_group(model, p, 1, o.max_new_tokens, 1.0, eot, 0, greedy=True)
+        ps = [self.prompt_ids(r) for r in recs]
+        sampled = [c for g in sample_prompts(model, ps, 4, o.max_new_tokens, o.temperature, eot, seed=0) for c in g]
+        greedy = [g[0] for g in sample_prompts(model, ps, 1, o.max_new_tokens, 1.0, eot, 0, greedy=True)]
         rs, rg = self.rewards([r for r in recs for _ in range(4)], sampled), self.rewards(recs, greedy)
         return {self.metric: sum(rs) / max(len(rs), 1), 'val_reward_greedy': sum(rg) / max(len(rg), 1)}
     return self._held_out(model, run)
@@ -379,11 +390,13 @@ def _make_pairs(self:DPO, model, recs, seed) -> dict:
     t, eot = self.cfg, self.special['<|endoftext|>']
     o = self.ocfg
     prompts, chosen, rejected, from_ref = [], [], [], 0
-    for i, rec in enumerate(recs):
-        p = self.tok.encode(chat_pieces(rec)[0]).ids
-        samples = sample_group(model, p, o.group_size, o.max_new_tokens, o.temperature, eot, seed=seed * 100003 + i)
-        progs = [completion_code(self.tok.decode(c, skip_special_tokens=False)) for c in samples]
-        ok = [x.passed and bool(pr) for x, pr in zip(_record_sandbox(self, run_many([(pr, rec['tests']) for pr in progs], workers=os.cpu_count() or 1)), progs)]
+    ps = [self.tok.encode(chat_pieces(rec)[0]).ids for rec in recs]
+    groups = sample_prompts(model, ps, o.group_size, o.max_new_tokens, o.temperature, eot, seed=seed)   # every prompt at once
+    progs = [[completion_code(self.tok.decode(c, skip_special_tokens=False)) for c in g] for g in groups]
+    runs = _record_sandbox(self, run_many([(pr, rec['tests']) for rec, g in zip(recs, progs) for pr in g], workers=os.cpu_count() or 1))
+    for i, (rec, p, samples) in enumerate(zip(recs, ps, groups)):
+        res = runs[i * o.group_size:(i + 1) * o.group_size]
+        ok = [x.passed and bool(pr) for x, pr in zip(res, progs[i])]
         bad = [c for c, k in zip(samples, ok) if not k]
         if not bad: continue                                          # every sample passes: nothing to prefer
         good = next((c for c, k in zip(samples, ok) if k), None)

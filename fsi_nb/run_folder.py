@@ -436,7 +436,8 @@ def pick_checkpoint(run,            # a run folder, its checkpoints/ folder, or 
     return path, skipped
 
 def choose_checkpoint(run,          # a run folder, its checkpoints/ folder, or a checkpoint file
-                      which=None    # None: 'best' (a file: itself; a run that never validated: 'final'); a .pt file; else as `pick_checkpoint`
+                      which=None,   # None: 'best' (a file: itself; a run that never validated: 'final'); a .pt file; else as `pick_checkpoint`
+                      flag:str='--checkpoint'  # the option that chooses, named in the line
                      ) -> tuple[Path, list[tuple[Path, str]], str]:
     "The checkpoint a reader of `run` takes, the skipped ones, and a line that says which and why (for the reader to print)."
     run = Path(run)
@@ -447,7 +448,7 @@ def choose_checkpoint(run,          # a run folder, its checkpoints/ folder, or 
                      ('final', 'the run has no best/ checkpoint')
     else: why = 'as asked'
     path, skipped = pick_checkpoint(run, which)
-    return path, skipped, f"checkpoint: {path} ({which}, {why}; choose with --checkpoint best|final|latest|STEP)"
+    return path, skipped, f"checkpoint: {path} ({which}, {why}; choose with {flag} best|final|latest|STEP)"
 
 
 # %% ../nbs/08d_run_folder.ipynb #ff48fff3

@@ -8,7 +8,7 @@ import argparse, html, io, json, math, os, platform, threading, time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from fastcore.imports import in_notebook
-from .config import FSIEdgeConfig, TrainConfig, Preset, PRESETS, get_preset, loss_chunk_rows
+from .config import FSIEdgeConfig, TrainConfig, Preset, PRESETS, get_preset, gpu_preset, config_to_dict, loss_chunk_rows
 
 # %% auto #0
 __all__ = ['GPU_PEAKS', 'MEASURED_MFU', 'ParamCount', 'count_params', 'mean_window_keys', 'popcount_sum', 'attention_keys',
@@ -736,9 +736,8 @@ def size_for_budget(gpu:str,           # 'a100', 'h100' or 'h200'
     grad_accum = max(1, round(0.292 * budget ** 0.3271 / (micro * seq_len)))   # DeepSeek LLM's B_opt, in sequences
     tokens = tokens_in_budget(cfg, hours, gpu, mfu, seq_len)
     steps = optimizer_steps(tokens, micro, grad_accum, seq_len) // 100 * 100
-    train = TrainConfig(batch_size=micro, grad_accum=grad_accum, seq_len=seq_len, max_steps=steps, warmup_steps=warmup_steps,
-                        precision='bf16', device='cuda', compile=True)
-    return Preset(gpu, cfg, train, True, f'sized by fsi_nb.sizing for 8 h on an {gpu.upper()}')
+    return gpu_preset(gpu, f'sized by fsi_nb.sizing for 8 h on an {gpu.upper()}', config_to_dict(cfg), batch_size=micro,
+                      grad_accum=grad_accum, seq_len=seq_len, max_steps=steps, warmup_steps=warmup_steps)
 
 # %% ../nbs/01_sizing.ipynb #15371fe7
 if __name__ == '__main__' and not in_notebook(): main()   # `python -m fsi_nb.sizing ...`; never when a notebook runs

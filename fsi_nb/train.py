@@ -197,11 +197,11 @@ def build_model(spec:RunSpec, data_dir) -> FSIEdgeModel:
     model.set_structure_tables(**structure_tables(load_tokenizer(Path(data_dir)/'tokenizer')))
     return model.to(spec.device)
 
-_STAGE_MAY_CHANGE = {'dropout'} | {k for s in STAGES.values() for k in s.model}   # model fields a stage lays over the weights it starts from
+_STAGE_MAY_CHANGE = {'dropout', 'max_seq_len'} | {k for s in STAGES.values() for k in s.model}   # model fields a stage lays over its start's (long context, RoPE base)
 
 def load_init_weights(model, init_from, tokenizer_sha256:str, data_dir=None, which:str|None=None) -> Path:
     "Load the weights of the run (or checkpoint) `init_from` (its best by default: `choose_checkpoint`) into `model`: same tokenizer, same architecture."
-    path, skipped, line = choose_checkpoint(init_from, which or None)
+    path, skipped, line = choose_checkpoint(init_from, which or None, flag='--init-checkpoint')
     for p, why in skipped: print(f'skipping checkpoint {p}: {why}', file=sys.stderr)
     print(f'init_from {line}', file=sys.stderr)
     ck = read_checkpoint(path)

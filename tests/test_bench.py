@@ -10,6 +10,7 @@ COLUMNS = dict(  # what each table must report
     helix=('parallel_ms', 'loop_ms', 'speedup', 'parallel_us_per_token', 'loop_us_per_token'),
     moe=('moe_tokens_per_sec', 'dense_tokens_per_sec', 'ratio'),
     loop=('compute_ms', 'data_ms', 'log_ms_amortized', 'checkpoint_ms_amortized', 'step_ms', 'overhead'),
+    rl=('loop_samples_per_sec', 'batched_samples_per_sec', 'speedup', 'greedy_equal'),
     ops=('hybrid_ops', 'dense_ops', 'ratio'))
 
 def _bench(*args, tmp_path):
@@ -41,6 +42,7 @@ def test_quick_json_has_every_table(tmp_path, prepared_data):
     assert not bad, f'non-positive or non-finite numbers: {bad}'
     assert 'Matmul ceiling' in r.stdout and 'MFU' in r.stdout and 'Targets' in r.stdout
     assert all(row['hybrid_ops'] > row['dense_ops'] for row in res['ops'])  # three head kinds and Helix: more operators
+    assert all(row['greedy_equal'] for row in res['rl'])   # batched RL sampling draws the reference's samples
 
 def test_unknown_table_names_the_fix(tmp_path):
     r = _bench('--only', 'step,warp', tmp_path=tmp_path)

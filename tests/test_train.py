@@ -18,7 +18,7 @@ def cli(data, runs, name, *extra, env=None, **kw):
             *(['--max-steps', str(kw.get('steps', STEPS))] if kw.get('steps', STEPS) is not None else []), *extra]
 
 def run(cmd, env=None, **kw):
-    return subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=300, **kw)
+    return subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, **({"timeout": 300} | kw))
 
 def records(run_dir):
     return [json.loads(l) for l in (Path(run_dir)/'log.jsonl').read_text().splitlines()]
@@ -301,3 +301,23 @@ def test_the_seeds_quick_smoke_test_runs_with_only_imports_and_paths_changed(pre
     assert r.returncode == 0, r.stderr
     losses = [float(l.split()[-1]) for l in r.stdout.splitlines() if l.startswith('step ')]
     assert len(losses) == 10 and all(math.isfinite(x) for x in losses) and abs(losses[0] - math.log(32768)) < 0.3
+
+SEED_SUSTAINED = ('--model-size 4K --batch-size 1 --max-steps 100000 --device cpu '
+                  '--stages stage1,stage1b,stage2,stage2b,stage3,stage3b,stage4,stage5 --output-dir /FSI_Edge/output --no-wandb')
+
+def test_the_seeds_sustained_training_command_runs_as_written(prepared_data, tmp_path):
+    "The CPU recipe's sustained-training command: `python -m fsi_nb.train` for its train.py, a CI-sized --max-steps, its own folder."
+    argv = SEED_SUSTAINED.replace('--max-steps 100000', '--max-steps 1').replace('/FSI_Edge/output', str(tmp_path/'output')).split()
+    (tmp_path/'settings.ini').write_text(f'[fsi_nb]\ndata_dir = {prepared_data}\n')   # the prepared corpus, as settings.ini names it
+    r = run([sys.executable, '-m', 'fsi_nb.train', *argv], env={'FSI_NB_SETTINGS': str(tmp_path/'settings.ini')}, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    pdir = tmp_path/'output'/'tiny-pipeline'
+    for stage in get_stage('stage5').name, 'stage1', 'stage3b':
+        st = json.loads((pdir/stage/'status.json').read_text())
+        assert st['state'] == 'finished' and st['step'] >= 1, (stage, st)
+        cfg = json.loads((pdir/stage/'config.json').read_text())
+        assert cfg['train']['batch_size'] == 1 and cfg['train']['device'] == 'cpu' and cfg['preset'] == 'tiny'
+        assert len((pdir/stage/'loss_history.jsonl').read_text().splitlines()) == st['step']   # the seed's loss_history, one line per step
+    assert json.loads((pdir/'stage3b'/'status.json').read_text())['sandbox'] in ('bwrap', 'unshare')   # the isolation it ran under
+    lines = [l for l in r.stdout.splitlines() if l.startswith('step 0/')]   # no terminal, no bar: the seed's plain log line
+    assert len(lines) >= 8 and all(' | loss ' in l and ' tok/s' in l for l in lines), r.stdout[-2000:]
