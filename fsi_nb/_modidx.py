@@ -84,6 +84,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                               'fsi_nb.bench.default_loss': ('bench.html#default_loss', 'fsi_nb/bench.py'),
                               'fsi_nb.bench.default_tables': ('bench.html#default_tables', 'fsi_nb/bench.py'),
                               'fsi_nb.bench.dense_flops_per_token': ('bench.html#dense_flops_per_token', 'fsi_nb/bench.py'),
+                              'fsi_nb.bench.dry_run_rows': ('bench.html#dry_run_rows', 'fsi_nb/bench.py'),
                               'fsi_nb.bench.format_report': ('bench.html#format_report', 'fsi_nb/bench.py'),
                               'fsi_nb.bench.gpu_rows': ('bench.html#gpu_rows', 'fsi_nb/bench.py'),
                               'fsi_nb.bench.main': ('bench.html#main', 'fsi_nb/bench.py'),

@@ -24,8 +24,8 @@ __all__ = ['MOE_TARGET_SHAPE', 'TABLES', 'median_times', 'median_time', 'matmul_
            'DenseDecoder', 'dense_flops_per_token', 'FixedBatch', 'train_step', 'step_throughputs', 'step_throughput',
            'cpu_moe_config', 'active_d_ff', 'preset_row', 'step_rows', 'default_loss', 'bench_step', 'bench_options',
            'bench_helix', 'moe_shapes', 'bench_moe', 'bench_loop', 'bench_rl_sampling', 'OpCounter', 'ops_per_step',
-           'ops_rows', 'bench_ops', 'gpu_rows', 'datasheet_peak', 'bench_device', 'default_tables', 'run_bench',
-           'summary', 'format_report', 'main']
+           'ops_rows', 'bench_ops', 'gpu_rows', 'dry_run_rows', 'datasheet_peak', 'bench_device', 'default_tables',
+           'run_bench', 'summary', 'format_report', 'main']
 
 # %% ../nbs/12_bench.ipynb #761d6c1f
 def median_times(fns, # functions called with no arguments
@@ -370,6 +370,12 @@ def gpu_rows(names=None, # preset names; default every preset whose TrainConfig.
     "`(name, model config, batch_size, seq_len)` of the GPU presets, each at its own micro-batch and sequence length."
     return [preset_row(n) for n in names or [n for n, p in PRESETS.items() if p.train.device == 'cuda']]
 
+def dry_run_rows(names=None) -> list[tuple]:
+    "`gpu_rows` shrunk to run on a CPU in seconds: each GPU preset's head mix, MoE routing and expert count, at d_model 64, 2 layers, 64 tokens."
+    return [(f'{n}-dry', replace(cfg, vocab_size=512, d_model=64, n_layers=2, n_heads=4, kv_heads=2, local_heads=None, struct_heads=None,
+                                  global_heads=None, max_seq_len=64, window_size=16, expert_d_ff=min(cfg.expert_d_ff, 32)), 1, 64)
+            for n, cfg, _, _ in gpu_rows(names)]
+
 def datasheet_peak(device) -> float|None:
     "The datasheet bf16 FLOP/s of `device`'s GPU when `fsi_nb.sizing.GPU_PEAKS` knows its name (A100, H100, H200), else None."
     if torch.device(device).type != 'cuda': return None
@@ -425,12 +431,14 @@ def default_tables() -> tuple:
 def run_bench(quick:bool=False, # small shapes and few repetitions (a test's < 60 s), not figures to quote
               only=None, # which tables to run (default `default_tables()`); the CPU matmul ceiling always runs
               data_dir=None, # prepared data for the loop table; None: settings.ini's data_dir
-              log=print) -> dict:
+              log=print,
+              dry_run:bool=False, # the 'gpu' table's code on this CPU at `dry_run_rows` shapes: `.ci/gpu --dry-run`, so it cannot rot
+             ) -> dict:
     "Run the benchmark tables in one process; a JSON-ready dict of `meta`, `ceiling` and one list of rows per table."
     only = default_tables() if only is None else only
     bad = [t for t in only if t not in TABLES]
     if bad: raise ValueError(f"unknown table(s) {bad}. Fix: choose from {','.join(TABLES)}.")
-    if 'gpu' in only and not torch.cuda.is_available():
+    if 'gpu' in only and not torch.cuda.is_available() and not dry_run:
         raise RuntimeError("table 'gpu' needs a CUDA GPU, and torch sees none (torch.cuda.is_available() is False). "
                            "Fix: run it on a GPU machine, or leave 'gpu' out of --only.")
     t0 = time.perf_counter()
@@ -450,7 +458,10 @@ def run_bench(quick:bool=False, # small shapes and few repetitions (a test's < 6
         if t == 'rl': res[t] = bench_rl_sampling(prompts=4, group=4, max_new_tokens=8, warmup=0, iters=1) if quick else \
                                bench_rl_sampling(**reps) + bench_rl_sampling(prompts=48, group=4, warmup=1, iters=2)   # a step; a validation
         if t == 'ops': res[t] = bench_ops(ops_rows(quick))
-        if t == 'gpu':
+        if t == 'gpu' and dry_run:
+            res['meta']['gpu'] = 'dry run on the CPU'
+            res[t] = bench_device(res['ceiling'], dry_run_rows(), device='cpu', compile_names=(), warmup=0, iters=1)
+        elif t == 'gpu':
             res['meta']['gpu'] = torch.cuda.get_device_name()
             res['gpu_ceiling'] = matmul_ceiling((4096, 8192) if quick else (4096, 8192, 16384), device='cuda')
             res[t] = bench_device(res['gpu_ceiling'], gpu_rows(('h100',) if quick else None), compile_names=() if quick else ('h100',),
@@ -525,15 +536,16 @@ def main(argv=None):
     ap.add_argument('--json', help='also write the results to this JSON file')
     ap.add_argument('--only', default=','.join(default_tables()), help=f'comma-separated tables from {",".join(TABLES)} (default: all this machine can run)')
     ap.add_argument('--data-dir', help="prepared data for the loop table (default: settings.ini's data_dir)")
+    ap.add_argument('--dry-run', action='store_true', help="table 'gpu' on this CPU at toy shapes (each GPU preset's routing, d_model 64): checks the code, measures nothing")
     ap.add_argument('--threads', type=int, help="torch threads (default: torch's, usually all cores)")
     args = ap.parse_args(argv)
     if args.threads: torch.set_num_threads(args.threads)
     only = [t.strip() for t in args.only.split(',') if t.strip()]
     if set(only) - set(TABLES): ap.error(f"unknown table(s) {sorted(set(only) - set(TABLES))}. Fix: choose from {','.join(TABLES)}.")
     if not only: ap.error(f"--only names no table. Fix: choose from {','.join(TABLES)}, or leave --only out for all this machine can run.")
-    if 'gpu' in only and not torch.cuda.is_available():
+    if 'gpu' in only and not torch.cuda.is_available() and not args.dry_run:
         ap.error("table 'gpu' needs a CUDA GPU, and torch sees none. Fix: run it on a GPU machine, or leave 'gpu' out of --only.")
-    res = run_bench(args.quick, only, args.data_dir, log=lambda s: print(s, file=sys.stderr))
+    res = run_bench(args.quick, only, args.data_dir, log=lambda s: print(s, file=sys.stderr), dry_run=args.dry_run)
     print(format_report(res))
     if args.json:
         with open(args.json, 'w') as f: json.dump(res, f, indent=1)

@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 from tqdm import tqdm
 
 from .config import FSIEdgeConfig, TrainConfig, DataMix, FINAL_MIX, config_from_dict
-from .sizing import GPU_PEAKS, count_params, flops_per_token, human, throughput
+from .sizing import GPU_PEAKS, count_params, flops_per_token, human, throughput, measured_mfu
 from .tokenizer import SPECIAL_TOKENS, load_tokenizer, structure_tables, token_text, tokenizer_sha256
 from .shards import CATEGORIES, manifest_path, verify_manifest
 from .batches import Batcher
@@ -327,7 +327,7 @@ def routing_health(model:torch.nn.Module, data_dir, batch_size:int=4, seq_len:in
 
 # %% ../nbs/11_evaluate.ipynb #761ed2a0
 def sizing_table(run:LoadedRun, log:pd.DataFrame, # the run's log (`read_log`); empty: no measured column
-                 mfu:float=0.4) -> pd.DataFrame:
+                 mfu:float|None=None) -> pd.DataFrame:   # None: the figure measured for the preset (`fsi_nb.sizing.MEASURED_MFU`)
     "The sizing calculator's estimate next to what the run measured: parameters, tokens/s, MFU, tokens and hours."
     cfg, t = run.model_config, run.train_config
     device = str(run.info.device or t.device)
@@ -335,6 +335,8 @@ def sizing_table(run:LoadedRun, log:pd.DataFrame, # the run's log (`read_log`); 
     gpu = 'cpu' if device.startswith('cpu') else preset if preset in GPU_PEAKS else 'h100'
     precision = t.precision if t.precision in ('fp32', 'bf16') else 'fp32' if gpu == 'cpu' else 'bf16'
     pc, fpt = count_params(cfg), flops_per_token(cfg, t.seq_len)['total']
+    if mfu is None: m = measured_mfu(preset or 'custom', gpu, precision); mfu, src = m['mfu'], m['source']
+    else: src = 'given'
     tp = throughput(cfg, gpu, mfu, t.seq_len, precision)
     built = sum(p.numel() for p in run.model.parameters())            # tied weights once
     tps = log.tokens_per_sec.iloc[1:] if len(log) > 1 else log.get('tokens_per_sec', pd.Series(dtype=float))
@@ -344,7 +346,7 @@ def sizing_table(run:LoadedRun, log:pd.DataFrame, # the run's log (`read_log`); 
     rows = [('parameters', pc.total, built, 'count_params vs the built model'),
             ('parameters active per token', pc.active, None, ''),
             ('training FLOPs per token', fpt, None, f'seq_len {t.seq_len}'),
-            ('tokens/s', tp['tokens_per_sec'], measured, f"estimate at MFU {mfu:g}; measured: median of the logged steps after the first"),
+            ('tokens/s', tp['tokens_per_sec'], measured, f"estimate at MFU {mfu:.3g} ({src}); measured: median of the logged steps after the first"),
             ('MFU', mfu, measured * fpt / tp['peak_flops'] if measured else None, f"{precision} peak {human(tp['peak_flops'], 'FLOP/s')}, {tp['peak_source']}"),
             ('tokens trained', t.max_steps * t.tokens_per_step, tokens, 'planned (max_steps x tokens per step) vs logged'),
             ('hours', tokens / tp['tokens_per_sec'] / 3600 if tokens else None, hours, 'for the tokens trained, at the estimated rate')]

@@ -39,7 +39,7 @@ def load_for_export(run,            # a run folder (runs/<name>), a checkpoint f
 def _not_replaceable(out:Path) -> str | None:
     "Why `--force` must not replace `out`; None when it is an earlier export of this kit (HF folder or GGUF files)."
     run = RunFolder(out)
-    if out.name in ('checkpoints', 'best') or any(p.exists() for p in (run.checkpoints, run.best, run.status, run.config)) \
+    if out.name in ('checkpoints', 'best') or any(p.exists() for p in (run.checkpoints, run.best, run.status)) \
        or list_checkpoints(out): return "it holds a run's checkpoints or is a run folder"
     files = [p for p in out.rglob('*') if p.is_file()]
     if files and all(p.suffix == '.gguf' and p.open('rb').read(4) == b'GGUF' for p in files): return None

@@ -1,8 +1,10 @@
 "`python -m fsi_nb.bench --quick --json` runs end to end and reports every table; it never asserts a speed."
-import json, math, subprocess, sys
+import json, math, os, subprocess, sys
+from pathlib import Path
 import torch
 
 from fsi_nb.bench import _TITLES
+from fsi_nb.config import PRESETS
 
 COLUMNS = dict(  # what each table must report
     step=('hybrid_tokens_per_sec', 'dense_tokens_per_sec', 'ratio', 'hybrid_mfu', 'dense_mfu'),
@@ -52,3 +54,15 @@ def test_unknown_table_names_the_fix(tmp_path):
     if not torch.cuda.is_available():
         r = _bench('--only', 'gpu', tmp_path=tmp_path)
         assert r.returncode == 2 and 'needs a CUDA GPU' in r.stderr and 'Traceback' not in r.stderr
+
+def test_the_gpu_script_dry_runs_on_a_cpu(tmp_path):
+    "`bash .ci/gpu --dry-run`: the GPU script's commands on this CPU at toy shapes, so a GPU machine never meets a script that rotted."
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run(['bash', str(root/'.ci'/'gpu'), '--dry-run', str(tmp_path)], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, 'PYTHON': sys.executable})
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    res = json.loads((tmp_path/'bench.json').read_text())
+    gpu_presets = [n for n, p in PRESETS.items() if p.train.device == 'cuda']
+    assert {(x['preset'], x['model']) for x in res['gpu']} == {(f'{n}-dry', m) for n in gpu_presets for m in ('hybrid', 'dense')}
+    assert all(math.isfinite(x['last_loss']) and x['tokens_per_sec'] > 0 for x in res['gpu'])
+    assert 'test_gpu.py' in (tmp_path/'pytest.txt').read_text()   # the GPU tests were collected

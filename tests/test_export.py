@@ -138,7 +138,7 @@ def test_errors_are_clear_and_change_nothing(runs, tmp_path):
     broken = tmp_path/'broken'; shutil.copytree(runs['dense'], broken)
     for c in (broken/'checkpoints').glob('*.pt'): c.write_bytes(c.read_bytes()[:-10])   # truncated: none verifies
     cases = [((empty, '--format', 'hf', '--out', tmp_path/'o1'), 'no valid checkpoint'),
-             ((broken, '--format', 'gguf', '--out', tmp_path/'o2'), 'none verifies'),
+             ((broken, '--format', 'gguf', '--checkpoint', 'final', '--out', tmp_path/'o2'), 'none verifies'),
              ((runs['dense'], '--format', 'hf', '--out', taken), 'exists and is not empty'),
              ((runs['dense'], '--format', 'onnx', '--out', tmp_path/'o3'), "unknown format 'onnx'"),
              ((runs['dense'], '--format', 'hf', '--q8', '--out', tmp_path/'o4'), 'GGUF option'),
@@ -151,11 +151,11 @@ def test_errors_are_clear_and_change_nothing(runs, tmp_path):
     assert (runs['dense']/'checkpoints').is_dir()
     p = cli(empty, '--format', 'hf', '--out', tmp_path/'o5')   # and from a real command line: the exit status
     assert p.returncode == 2 and 'no valid checkpoint' in p.stderr and not (tmp_path/'o5').exists()
-    for out, says in ((taken, 'not an earlier export'), (runs['dense']/'best', "holds a run's checkpoints"),
-                      (runs['dense']/'checkpoints', "holds a run's checkpoints")):   # --force never replaces these
-        err = io.StringIO()
+    for out, pick, says in ((taken, 'best', 'not an earlier export'), (runs['dense']/'best', 'final', "holds a run's checkpoints"),
+                            (runs['dense']/'checkpoints', 'best', "holds a run's checkpoints")):   # --force never replaces these
+        err = io.StringIO()                                        # (each exports a checkpoint from elsewhere: not the one being read)
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            rc = main([str(runs['dense']), '--format', 'hf', '--checkpoint', 'final', '--out', str(out), '--force'])
+            rc = main([str(runs['dense']), '--format', 'hf', '--checkpoint', pick, '--out', str(out), '--force'])
         assert rc == 2 and says in err.getvalue() and 'nothing was changed' in err.getvalue(), (out, rc, err.getvalue())
     assert [p.name for p in taken.iterdir()] == ['keep.txt'] and any((runs['dense']/'best').glob('*.pt'))
     again = tmp_path/'again'

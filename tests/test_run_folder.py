@@ -21,6 +21,8 @@ ALLOWED = {
         "the checkpoint file format itself: verify one file's SHA-256, then read it weights_only; the owner is its only caller",
     ('export', 'export_hf', 'config.json'):
         "the transformers folder's own config.json (transformers' file name), written into the export folder, not a run's",
+    ('export', '_not_replaceable', 'config.json'):
+        "reads an earlier transformers export's config.json (model_type fsi_edge) before --force replaces that folder; a run folder is refused first",
     ('export', 'run_hf_check', 'torch.load'):
         "reads back the answer its own transformers subprocess wrote into a temp folder (logits, token ids), not a checkpoint",
     ('export', '_HF_CHECK', 'torch.load'):

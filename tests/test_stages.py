@@ -38,7 +38,7 @@ def test_whole_chain_smoke_from_one_command(prepared_data, tmp_path):
     assert table.count('finished') == len(names), table
     for prev, stage in zip(names, names[1:]):
         cfg = json.loads((pdir/stage/'config.json').read_text())
-        assert cfg['init_from'] == str(pick_checkpoint(pdir/prev)[0]), (stage, cfg['init_from'])
+        assert cfg['init_from'] == str(pick_checkpoint(pdir/prev, 'best')[0]), (stage, cfg['init_from'])   # each from its previous stage's best
         assert cfg['stage'] == stage and cfg['objective']
     assert json.loads((pdir/'stage5'/'config.json').read_text())['model']['rope_base'] == STAGES['stage5'].model['rope_base']
     # the starting weights of a stage are the previous stage's final ones: stage2's first validation equals stage1b's last
@@ -162,7 +162,7 @@ def test_a_new_stage_is_one_row(prepared_data, tmp_path, monkeypatch):
     res = run_pipeline('stage1,stage2x', name='new', progress=False, max_steps=3, **small)
     assert list(res.table.state) == ['finished', 'finished'] and list(res.table.steps) == [3, 3]   # epochs capped by max_steps
     cfg = json.loads((res.pipeline_dir/'stage2x'/'config.json').read_text())
-    assert cfg['objective_config']['kinds'] == ['explain'] and cfg['init_from'] == str(pick_checkpoint(res.pipeline_dir/'stage1')[0])
+    assert cfg['objective_config']['kinds'] == ['explain'] and cfg['init_from'] == str(pick_checkpoint(res.pipeline_dir/'stage1', 'best')[0])
 
 def test_max_steps_with_stages_is_pretraining_and_a_cap(prepared_data, tmp_path):
     "--max-steps N: the pretraining stage trains N, an epoch-based stage at most N (its own number when smaller)."
@@ -173,3 +173,11 @@ def test_max_steps_with_stages_is_pretraining_and_a_cap(prepared_data, tmp_path)
     assert list(res.table.steps) == [4, 1]                  # stage2's own epochs make one step, fewer than the cap
     res = run_pipeline('stage1,stage2', name='cap2', progress=False, max_steps=3, **small)
     assert list(res.table.steps) == [3, 3]                  # tiny's 6 epochs of SFT capped at 3
+
+def test_a_pipeline_that_runs_model_code_without_isolation_is_refused_before_it_starts(prepared_data, tmp_path):
+    "No bwrap and no unshare on PATH, no FSI_SANDBOX_ALLOW_UNSAFE: refused with exit 2 and the fix, before stage1 trains an hour."
+    env = {k: v for k, v in os.environ.items() if k != 'FSI_SANDBOX_ALLOW_UNSAFE'} | {'PATH': str(Path(sys.executable).parent)}
+    r = subprocess.run([sys.executable, '-m', 'fsi_nb.train', '--stages', 'stage1,stage3b', '--data-dir', str(prepared_data),
+                        '--runs-dir', str(tmp_path), '--max-steps', '2', '--no-progress'], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 2 and 'refusing to run model-written code with no isolation' in r.stderr and 'apt-get install bubblewrap' in r.stderr, r.stderr[-2000:]
+    assert not (tmp_path/'tiny-pipeline'/'stage1'/'checkpoints').exists()   # nothing trained

@@ -321,3 +321,12 @@ def test_the_seeds_sustained_training_command_runs_as_written(prepared_data, tmp
     assert json.loads((pdir/'stage3b'/'status.json').read_text())['sandbox'] in ('bwrap', 'unshare')   # the isolation it ran under
     lines = [l for l in r.stdout.splitlines() if l.startswith('step 0/')]   # no terminal, no bar: the seed's plain log line
     assert len(lines) >= 8 and all(' | loss ' in l and ' tok/s' in l for l in lines), r.stdout[-2000:]
+
+def test_init_from_a_run_of_another_architecture_names_what_differs(prepared_data, tmp_path):
+    "`--init-from` a run with another d_model or --arch: exit 2 with the differing fields, before anything trains."
+    runs = tmp_path/'runs'
+    assert run(cli(prepared_data, runs, 'base', steps=2)).returncode == 0
+    for extra, says in ((['--set', 'd_model=64'], "'d_model': (32, 64)"), (['--arch', 'dense'], "'arch': ('hybrid', 'dense')")):
+        r = run(cli(prepared_data, runs, 'next', '--stage', 'stage1b', '--init-from', str(runs/'base'), *extra, steps=2))
+        assert r.returncode == 2 and 'has another architecture' in r.stderr and says in r.stderr and 'Fix:' in r.stderr, r.stderr[-2000:]
+        assert not (runs/'next'/'checkpoints').exists()
