@@ -29,11 +29,12 @@ FORMATS = ('hf', 'gguf')
 
 def load_for_export(run,            # a run folder (runs/<name>), a checkpoint file, or a `LoadedRun`
                     data_dir=None,  # None: the folder the run trained on (from its config.json)
-                    checkpoint=None # which one: None (the best validation's), 'final', 'latest' or a step (`choose_checkpoint`)
+                    checkpoint=None, # which one: None (the best validation's), 'final', 'latest' or a step (`choose_checkpoint`)
+                    quiet:bool=False # True: do not print which checkpoint was taken
                    ) -> LoadedRun:
     "The run's chosen verified checkpoint as a model in eval mode on the CPU, with its tokenizer (hash-checked)."
     if isinstance(run, LoadedRun): return run
-    return load_run(run, data_dir, checkpoint=checkpoint)
+    return load_run(run, data_dir, checkpoint=checkpoint, quiet=quiet)
 
 # %% ../nbs/13_export.ipynb #01a71c51
 def _not_replaceable(out:Path) -> str | None:
@@ -569,7 +570,8 @@ def main(argv=None) -> int:
     if a.threads: torch.set_num_threads(a.threads)
     try:
         _check_options(a.format, a.q8)                          # before any loading
-        r = load_for_export(a.run, a.data_dir, a.checkpoint)
+        r = load_for_export(a.run, a.data_dir, a.checkpoint, quiet=True)   # stdout is the JSON report
+        print(f"exporting {r.checkpoint} (step {r.step}; --checkpoint best|final|latest|STEP picks another)", file=sys.stderr)
         path = export(r, a.out, a.format, a.q8, a.force)
     except (ValueError, FileNotFoundError, FileExistsError, CheckpointError) as e:
         print(f'error: {e}', file=sys.stderr); return 2

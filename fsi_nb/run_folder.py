@@ -43,6 +43,8 @@ class RunFolder:
     @property
     def loss_history(self) -> Path: return self.path/'loss_history.jsonl'   # every step's loss, one short line each
     @property
+    def probes(self) -> Path: return self.path/'probes.json'      # long-range probe accuracy (`fsi_nb.sweep.score_probes`)
+    @property
     def evaluation(self) -> Path: return self.path/'eval.json'          # the last evaluation's numbers
     @property
     def checkpoints(self) -> Path: return self.path/'checkpoints' # the rolling checkpoints
@@ -496,7 +498,7 @@ def load_run(run,                       # a run folder (runs/<name>), its checkp
     device = resolve_device(str(device))   # a missing GPU is a clear error, before any loading
     path, skipped, line = choose_checkpoint(run, checkpoint)
     for p, why in skipped: print(f'skipping checkpoint {p}: {why}', file=sys.stderr)
-    if not quiet: print(line, file=sys.stderr)
+    if not quiet: print(line)   # what was taken and how to choose another: information, not a warning (a notebook shows stderr in red)
     ck, info = read_checkpoint(path), read_config(RunFolder.of(path).path) or RunConfig()
     data_dir = Path(data_dir or info.data_dir or '')
     if not (data_dir/'tokenizer').exists():

@@ -3,13 +3,14 @@ refused without a GPU, and that preset's CPU smoke test."""
 import json, math, os, subprocess, sys
 from pathlib import Path
 
-import pytest, torch
+import pandas as pd, pytest, torch
 
 NBS = Path(__file__).resolve().parents[1]/'nbs'
 
-def papermill(nb, out, *params, env=None):
+def papermill(nb, out, *params, env=None, yaml=None):
     cmd = [sys.executable, '-m', 'papermill', str(NBS/nb), str(out), '-k', 'python3', '--cwd', str(NBS), '--log-level', 'WARNING']
     for k, v in params: cmd += ['-p', k, str(v)]
+    if yaml: cmd += ['-y', yaml]   # parameters papermill's -p would pass as strings (a dict)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, **(env or {})})
 
 def outputs(nb_path):
@@ -109,3 +110,16 @@ def test_compare_hybrid_and_dense(prepared_data, tmp_path):
     assert pngs == 1 and 'lowest validation loss' in text and 'dense' in text and 'hybrid' in text
     table = (tmp_path/'compare-hyb-vs-den'/'compare.csv').read_text()
     assert table.count('\n') == 3 and (tmp_path/'compare-hyb-vs-den'/'comparison.png').stat().st_size > 10_000
+
+def test_a_micro_sweep_from_sweep_ipynb(prepared_data, tmp_path):
+    "2 seeds x 2 variants, a few steps each, probes at one distance: the table with intervals and the figure, under papermill."
+    out = tmp_path/'sweep.ipynb'
+    r = papermill('sweep.ipynb', out, ('preset', 'tiny'), ('seeds', 2), ('variants', 'hybrid,dense'), ('name', 'micro'), ('max_steps', 4),
+                  ('probe_distances', '32'), ('probe_n', 4), ('data_dir', prepared_data), ('runs_dir', tmp_path),
+                  yaml='overrides: {d_model: 32, batch_size: 2, seq_len: 32, warmup_steps: 1, eval_interval: 2, eval_batches: 1, threads: 1}')
+    assert r.returncode == 0, r.stderr[-3000:]
+    sdir = tmp_path/'micro'
+    summary = pd.read_csv(sdir/'summary.csv', index_col='variant')
+    assert list(summary.index) == ['hybrid', 'dense'] and (summary.equal_tokens_n == 2).all() and summary.loc['dense', 'equal_flops_verdict']
+    assert (sdir/'sweep.png').stat().st_size > 1000 and len(pd.read_csv(sdir/'probes.csv')) == 2 * 3   # 2 variants x 3 probe kinds
+    assert 'paired difference' in out.read_text()

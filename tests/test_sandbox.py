@@ -163,7 +163,10 @@ def test_fork_bomb_is_contained(mode, marker):
         stop.set(); w.join()
     assert r.status == 'timeout', r
     assert 'refused: [Errno 11] Resource temporarily unavailable' in r.stderr_tail, r.stderr_tail
-    assert nproc // 2 <= seen[0] <= nproc, seen     # it did fork, and never past the limit (bwrap's or unshare's own process aside)
+    # it did fork, and never past the limit (bwrap's or unshare's own process aside). The count is a walk over /proc, not one
+    # snapshot: a child that exits after being counted and one forked after it can both be seen (CI under load saw 17 of 16),
+    # so one or two over the limit is the scan; an uncontained bomb would be hundreds
+    assert nproc // 2 <= seen[0] <= nproc + 2, seen
     print("fork bomb: at most", seen[0], "processes; the parent started one in", slowest[0], "s at worst")
     assert slowest[0] < 1.0, slowest                # the parent could still start processes during the bomb
 
