@@ -414,7 +414,8 @@ def lab_copies(names=('sizing', 'train'), # run notebooks to copy
 def main(argv:list=None) -> int:
     "`python -m fsi_nb.dashboard lab [NAME ...] [--fresh] [--dest DIR]`: the working copies, and the command that opens them."
     import argparse
-    ap = argparse.ArgumentParser(prog='python -m fsi_nb.dashboard', description='Working copies of the run notebooks for JupyterLab.')
+    ap = argparse.ArgumentParser(prog='python -m fsi_nb.dashboard', description='Working copies of the run notebooks for JupyterLab.',
+                                 epilog='Exit status: 0 copies written (or kept), 2 bad arguments (a run notebook name that does not exist).')
     ap.add_argument('command', choices=['lab'])
     ap.add_argument('names', nargs='*', default=['sizing', 'train'], help='run notebooks to copy (default: sizing train), e.g. eval compare')
     ap.add_argument('--fresh', action='store_true', help='replace copies that exist (their edits are lost)')

@@ -409,7 +409,9 @@ _SERVER_FLAGS = ('data_dir', 'device', 'workers', 'threads', 'max_tokens_limit',
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog='python -m fsi_nb.serve', description='Serve a trained fsi_nb run over an OpenAI-style HTTP '
-                                 'API (/v1/completions, /v1/chat/completions, /v1/models, /health), or measure it with --bench.')
+                                 'API (/v1/completions, /v1/chat/completions, /v1/models, /health), or measure it with --bench.',
+                                 epilog='Exit status: 2 bad arguments or input, before anything is served (a missing run or tokenizer, an '
+                                        'export given as a run, a busy port); otherwise it serves until stopped (Ctrl-C: 0).')
     ap.add_argument('run', help='a run folder (runs/<name>) or a checkpoint file (runs/<name>/checkpoints/step_*.pt)')
     ap.add_argument('--port', type=int, default=8000, help='TCP port (default 8000; 0 picks a free one, printed)')
     ap.add_argument('--host', default='127.0.0.1', help='address to listen on (default 127.0.0.1: this machine only; there is no authentication)')

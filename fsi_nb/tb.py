@@ -136,7 +136,8 @@ def follow(runs:list|None=None,      # run folders; None: every run under settin
 # %% ../nbs/15b_tb.ipynb #ff09feca
 def main(argv:list|None=None) -> int:
     "`python -m fsi_nb.tb [RUN ...] [--follow] [--wandb]`."
-    ap = argparse.ArgumentParser(prog='python -m fsi_nb.tb', description="Mirror runs' log.jsonl into TensorBoard event files (RUN/tb/); view with: tensorboard --logdir runs")
+    ap = argparse.ArgumentParser(prog='python -m fsi_nb.tb', description="Mirror runs' log.jsonl into TensorBoard event files (RUN/tb/); view with: tensorboard --logdir runs",
+                                 epilog='Exit status: 0 mirrored (with --follow: until stopped), 2 a run folder that does not exist or wandb not installed (for --wandb).')
     ap.add_argument('runs', nargs='*', help='run folders; none: every run under settings.ini runs_dir, when tensorboard = true there')
     ap.add_argument('--follow', action='store_true', help='keep mirroring until the named runs stop running (no runs named: until killed)')
     ap.add_argument('--interval', type=float, default=10.0, help='seconds between reads (default 10)')
