@@ -585,7 +585,7 @@ def _log(self:_Loop, log, r, lr, now, val):
         rec['alarms'] = alarms
         for line in alarms: tqdm.write(line, file=sys.stderr)
     log.write(json.dumps(json_safe(rec), allow_nan=False) + '\n'); log.flush()   # a skipped step's loss: null
-    if not self.progress: print(_console_line(rec, val), flush=True)   # no bar: the seed's plain line every log_interval steps
+    if not self.progress and self.callback is None: print(_console_line(rec, val), flush=True)   # no bar, no dashboard: the seed's plain line
     self.last_log, self.last_log_tokens = now, st.tokens
     if self.callback is not None:
         try: self.callback(rec)
