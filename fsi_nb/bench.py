@@ -385,6 +385,7 @@ def datasheet_peak(device) -> float|None:
         if all(w in name for w in words.split()): return peak
     return next((v['bf16'] for k, v in GPU_PEAKS.items() if k in name), None)
 
+# %% ../nbs/12_bench.ipynb #9ca23cf0
 def bench_device(ceiling:dict, # `matmul_ceiling(device=...)` on the same device
                  rows=None, # `(name, config, batch_size, seq_len)`; default `gpu_rows()`
                  device='cuda',
@@ -428,6 +429,7 @@ def default_tables() -> tuple:
     "Every table this machine can run: the CPU ones, and 'gpu' when torch sees a CUDA GPU."
     return TABLES if torch.cuda.is_available() else TABLES[:-1]
 
+# %% ../nbs/12_bench.ipynb #acb370bc
 def run_bench(quick:bool=False, # small shapes and few repetitions (a test's < 60 s), not figures to quote
               only=None, # which tables to run (default `default_tables()`); the CPU matmul ceiling always runs
               data_dir=None, # prepared data for the loop table; None: settings.ini's data_dir

@@ -25,6 +25,19 @@ def _value(s:str):
     try: return ast.literal_eval(s)
     except (ValueError, SyntaxError): return s
 
+# %% ../nbs/16_cli.ipynb #5469a696
+def _run_number_options(ap:argparse.ArgumentParser):
+    "The run's numbers and folders as options (`--batch-size`, `--runs-dir`, ...), and the CPU seed's names for two of them."
+    for name, typ in [('batch_size', int), ('grad_accum', int), ('seq_len', int), ('lr', float),
+                      ('budget_hours', float), ('seed', int), ('log_interval', int), ('save_interval', int),
+                      ('save_minutes', float), ('threads', int), ('device', str), ('precision', str),
+                      ('data_dir', str), ('runs_dir', str)]:
+        ap.add_argument('--' + name.replace('_', '-'), type=typ, dest=name)
+    ap.add_argument('--output-dir', dest='runs_dir', help="the CPU seed's name for --runs-dir: the folder the run folders go in")
+    ap.add_argument('--no-wandb', action='store_true', help="accepted for the CPU seed's command: nothing goes to W&B unless asked "
+                    "(python -m fsi_nb.tb --wandb RUN mirrors a run offline; pip install -e '.[wandb]')")
+
+# %% ../nbs/16_cli.ipynb #88b92b03
 def train_parser() -> argparse.ArgumentParser:
     "The options of `python -m fsi_nb.train`."
     ap = argparse.ArgumentParser(prog='python -m fsi_nb.train', description='Train an fsi_nb preset (resumes by default).',
@@ -44,14 +57,7 @@ def train_parser() -> argparse.ArgumentParser:
     ap.add_argument('--max-steps', type=int, dest='max_steps', help='optimizer steps; with --stages: the pretraining stage trains this many '
                     'and every other stage at most this many (its own number when smaller, epoch-based stages included)')
     ap.add_argument('--max-steps-cap', type=int, dest='max_steps_cap', help='at most this many optimizer steps, after epochs set them')
-    for name, typ in [('batch_size', int), ('grad_accum', int), ('seq_len', int), ('lr', float),
-                      ('budget_hours', float), ('seed', int), ('log_interval', int), ('save_interval', int),
-                      ('save_minutes', float), ('threads', int), ('device', str), ('precision', str),
-                      ('data_dir', str), ('runs_dir', str)]:
-        ap.add_argument('--' + name.replace('_', '-'), type=typ, dest=name)
-    ap.add_argument('--output-dir', dest='runs_dir', help="the CPU seed's name for --runs-dir: the folder the run folders go in")
-    ap.add_argument('--no-wandb', action='store_true', help="accepted for the CPU seed's command: nothing goes to W&B unless asked "
-                    "(python -m fsi_nb.tb --wandb RUN mirrors a run offline; pip install -e '.[wandb]')")
+    _run_number_options(ap)
     ap.add_argument('--compile', action='store_true', default=None, help='torch.compile the model')
     ap.add_argument('--nproc', type=int, default=1, help='processes on this machine (one per GPU): > 1 starts torchrun and follows it; '
                     'DDP for dense presets, FSDP2 for MoE ones (under torchrun itself, torchrun decides)')

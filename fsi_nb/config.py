@@ -250,6 +250,7 @@ def gpu_preset(name, source, model:dict, **train) -> Preset:
     return Preset(name, FSIEdgeConfig(**(model | _GUARDED[0])), t, True, source,
                   _GUARDS.format(passes=t.max_steps * t.tokens_per_step / BUILTIN_CORPUS_TOKENS) + ' (the runbook caps a cloud run at 2 epochs)')
 
+# %% ../nbs/00_config.ipynb #b7dc8426
 _moe_h100 = dict(n_routed=32, n_shared=2, top_k=4, expert_d_ff=128)
 PRESETS = {p.name: p for p in [
     _cpu('tiny', 'CPU recipe "4K-tiny"', dict(d_model=64, n_layers=2, n_heads=4, kv_heads=2, d_ff=256, max_seq_len=128, window_size=32),

@@ -182,23 +182,25 @@ class SFT(Objective):
         out = model(input_ids=batch['input_ids'], labels=batch['labels'], return_logits=False)
         return out.loss, dict(routing=out.routing)
 
-    def evaluate(self, model):
-        x, y = self.rows['val']
-        n = min(len(x), self.cfg.eval_batches * self.cfg.batch_size)
-        if n == 0: return {self.metric: float('nan')}
-        def run():
-            tot = cnt = 0.0
-            for s in range(0, n, self.cfg.batch_size):
-                yy = y[s:s + self.cfg.batch_size].to(self.device)
-                k = float((yy[:, 1:] != -100).sum())
-                tot += model(input_ids=x[s:s + self.cfg.batch_size].to(self.device), labels=yy, return_logits=False).aux['lm_loss'].float().item() * k
-                cnt += k
-            return {self.metric: tot / max(cnt, 1)}
-        return self._held_out(model, run)
-
 class SFTReasoning(SFT):
     "`stage2b`: cold-start reasoning, `<|thought|>` ... `<|answer|>`/`<|code|>`, with the loss on thought and answer."
     kinds, with_thought = ('code', 'math'), True
+
+# %% ../nbs/08c_objectives.ipynb #498f250a
+@patch
+def evaluate(self:SFT, model):
+    x, y = self.rows['val']
+    n = min(len(x), self.cfg.eval_batches * self.cfg.batch_size)
+    if n == 0: return {self.metric: float('nan')}
+    def run():
+        tot = cnt = 0.0
+        for s in range(0, n, self.cfg.batch_size):
+            yy = y[s:s + self.cfg.batch_size].to(self.device)
+            k = float((yy[:, 1:] != -100).sum())
+            tot += model(input_ids=x[s:s + self.cfg.batch_size].to(self.device), labels=yy, return_logits=False).aux['lm_loss'].float().item() * k
+            cnt += k
+        return {self.metric: tot / max(cnt, 1)}
+    return self._held_out(model, run)
 
 # %% ../nbs/08c_objectives.ipynb #c9e49eaf
 def sample_group(model, prompt:list[int], n:int, max_new_tokens:int, temperature:float, eot:int, seed:int,

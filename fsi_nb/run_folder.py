@@ -437,6 +437,7 @@ def pick_checkpoint(run,            # a run folder, its checkpoints/ folder, or 
                                 "fsi_nb.train), or pass another run folder or a checkpoint file.")
     return path, skipped
 
+# %% ../nbs/08d_run_folder.ipynb #15831fd1
 def choose_checkpoint(run,          # a run folder, its checkpoints/ folder, or a checkpoint file
                       which=None,   # None: 'best' (a file: itself; a run that never validated: 'final'); a .pt file; else as `pick_checkpoint`
                       flag:str='--checkpoint'  # the option that chooses, named in the line

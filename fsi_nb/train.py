@@ -601,6 +601,7 @@ def _console_line(rec:dict, val:dict|None) -> str:
     parts += [f'{k} {v:.4f}' for k, v in (val or {}).items() if isinstance(v, float)]
     return ' | '.join(p for p in parts if p)
 
+# %% ../nbs/09_train.ipynb #c6276f29
 @patch
 def _seq_len(self:_Loop):
     f = getattr(self.objective, 'seq_len', None)
