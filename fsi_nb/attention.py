@@ -46,9 +46,13 @@ def local_attention(q, k, v, # (B, H, T, D), RoPE'd and QK-normed, GQA already e
     pad = nb * W - T
     qb = F.pad(q, (0, 0, 0, pad)).reshape(B * H, nb, W, D)
     def two_blocks(x):  # (B, H, T, D) -> (B*H, nb, 2W, D): the previous block and this one
-        # overlapping windows of the padded sequence (a view), then one copy; its backward is one fold, not a cat's
-        # and two slices' zero-filled copies
-        return F.pad(x, (0, 0, W, pad)).unfold(2, 2 * W, W).transpose(-1, -2).reshape(B * H, nb, 2 * W, D)
+        x = F.pad(x, (0, 0, W, pad))
+        if torch.compiler.is_compiling():   # inductor's backward of overlapping unfold windows is wrong: a cat (same values)
+            x = x.reshape(B * H, nb + 1, W, D)
+            return torch.cat([x[:, :-1], x[:, 1:]], 2)
+        # eager: overlapping windows of the padded sequence (a view), then one copy; its backward is one fold, not a
+        # cat's and two slices' zero-filled copies
+        return x.unfold(2, 2 * W, W).transpose(-1, -2).reshape(B * H, nb, 2 * W, D)
     out = masked_attention(qb, two_blocks(k), two_blocks(v), mask)
     return out.reshape(B, H, nb * W, D)[:, :, :T]
 

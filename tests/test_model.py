@@ -153,6 +153,8 @@ def test_every_parameter_gets_a_gradient(moe, return_logits):
 
 @pytest.mark.parametrize('moe', [False, True], ids=['dense', 'moe'])
 def test_compile_matches_eager(moe):
+    "Loss and every gradient; on two threads, where inductor's backward of the local heads' unfold windows was wrong."
+    torch.set_num_threads(2)   # the autouse fixture restores the count
     m = make(small_cfg(moe, n_layers=1)).train()
     ids = _code_like_ids(2, 64, 512, seed=6)
     eager = m(ids, labels=ids, return_logits=False)
