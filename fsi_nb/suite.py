@@ -5,7 +5,7 @@
 # %% ../nbs/11e_suite.ipynb #d3b76898
 from __future__ import annotations
 import json, math, random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import combinations
 from typing import Callable
 
@@ -268,14 +268,14 @@ def suite_tasks(split:str='held_out',  # 'train' (to train on) or 'held_out' (on
     if not out: raise ValueError(f"no {split} tasks for families={families}, levels={levels}. Fix: widen the families or levels.")
     return out
 
-# %% ../nbs/11e_suite.ipynb #e032cd37
+# %% ../nbs/11e_suite.ipynb #242bb2ac
 def task_program(task:dict, code:str) -> str:
     "The program the sandbox runs for `code` written for `task`: the code, or a docstring task's stub with `code` as its body."
     if not task.get('stub') or f"def {task['entry_point']}(" in code: return code
     body = code if code[:1] in (' ', '\t') else _indent(code.rstrip('\n'))
     return task['stub'] + body
 
-# %% ../nbs/11e_suite.ipynb #005a5614
+# %% ../nbs/11e_suite.ipynb #ce6d6194
 def grade(tasks:list, completions:list,  # per task, a list of code strings
           workers:int=2,                  # sandboxes at once
           timeout:float=5.0,              # seconds per program, tests included
@@ -289,7 +289,7 @@ def grade(tasks:list, completions:list,  # per task, a list of code strings
     for (i, j, _), r in zip(flat, res): out[i][j] = r.status
     return out
 
-# %% ../nbs/11e_suite.ipynb #ccbdca3f
+# %% ../nbs/11e_suite.ipynb #06679eb9
 def binomial_se(p:float, n:int) -> float:
     "Standard error of a rate `p` measured on `n` independent 0/1 outcomes; nan for no outcomes."
     return math.sqrt(p * (1 - p) / n) if n > 0 else float('nan')
@@ -299,7 +299,7 @@ def mean_se(values) -> float:
     x = np.asarray(list(values), dtype=float)
     return float(x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else float('nan')
 
-# %% ../nbs/11e_suite.ipynb #37932fa9
+# %% ../nbs/11e_suite.ipynb #62795cc5
 def model_completer(model, tokenizer,
                     max_new_tokens:int=64,    # a tiny model's functions are short; longer costs generation time
                     temperature:float=0.8,    # for the sampled completions (greedy ignores it)
@@ -313,7 +313,7 @@ def model_completer(model, tokenizer,
         return [[completion_code(tokenizer.decode(c, skip_special_tokens=False)) for c in g] for g in groups]
     return complete
 
-# %% ../nbs/11e_suite.ipynb #679bc270
+# %% ../nbs/11e_suite.ipynb #f812f291
 @dataclass
 class SuiteScore:
     "Per-task outcomes of a suite run, and the table and CSV row made from them."
@@ -341,7 +341,7 @@ class SuiteScore:
             out.update({f'suite{p}_{m}': float(tab.loc[(f, 'all'), m]) for m in ('pass1', 'pass1_se', 'passk', 'passk_se')})
         return out
 
-# %% ../nbs/11e_suite.ipynb #88391761
+# %% ../nbs/11e_suite.ipynb #5508b222
 def score_completer(completer:Callable, tasks:list,
                     k:int=4,               # the k of pass@k
                     n:int|None=None,       # sampled completions per task (at least k); None: k
@@ -362,7 +362,7 @@ def score_completer(completer:Callable, tasks:list,
                          passed1=int(v[0] == 'passed'), c=c, passk=pass_at_k(n, c, k)))
     return SuiteScore(pd.DataFrame(rows), k, n)
 
-# %% ../nbs/11e_suite.ipynb #bd4481a4
+# %% ../nbs/11e_suite.ipynb #e43240fe
 def score_suite(model, tokenizer, tasks:list,
                 k:int=4, n:int|None=None,      # pass@k from n sampled completions per task (None: k)
                 max_new_tokens:int=64, temperature:float=0.8, seed:int=0,
