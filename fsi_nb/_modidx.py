@@ -798,7 +798,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                               'fsi_nb.suite._values_key': ('suite.html#_values_key', 'fsi_nb/suite.py'),
                               'fsi_nb.suite._word': ('suite.html#_word', 'fsi_nb/suite.py'),
                               'fsi_nb.suite.binomial_se': ('suite.html#binomial_se', 'fsi_nb/suite.py'),
-                              'fsi_nb.suite.grade': ('suite.html#grade', 'fsi_nb/suite.py'),
+                              'fsi_nb.suite.grade_completions': ('suite.html#grade_completions', 'fsi_nb/suite.py'),
                               'fsi_nb.suite.mean_se': ('suite.html#mean_se', 'fsi_nb/suite.py'),
                               'fsi_nb.suite.model_completer': ('suite.html#model_completer', 'fsi_nb/suite.py'),
                               'fsi_nb.suite.score_completer': ('suite.html#score_completer', 'fsi_nb/suite.py'),

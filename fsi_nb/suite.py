@@ -17,8 +17,9 @@ from .objectives import chat_pieces, sample_prompts, completion_code
 from .humaneval import pass_at_k
 
 # %% auto #0
-__all__ = ['TEMPLATES', 'FAMILIES', 'LEVELS', 'SPLITS', 'HELD_OUT_VALUES', 'Template', 'suite_tasks', 'task_program', 'grade',
-           'binomial_se', 'mean_se', 'model_completer', 'SuiteScore', 'score_completer', 'score_suite']
+__all__ = ['TEMPLATES', 'FAMILIES', 'LEVELS', 'SPLITS', 'HELD_OUT_VALUES', 'Template', 'suite_tasks', 'task_program',
+           'grade_completions', 'binomial_se', 'mean_se', 'model_completer', 'SuiteScore', 'score_completer',
+           'score_suite']
 
 # %% ../nbs/11e_suite.ipynb #01eea0ab
 @dataclass(frozen=True)
@@ -275,8 +276,8 @@ def task_program(task:dict, code:str) -> str:
     body = code if code[:1] in (' ', '\t') else _indent(code.rstrip('\n'))
     return task['stub'] + body
 
-# %% ../nbs/11e_suite.ipynb #ce6d6194
-def grade(tasks:list, completions:list,  # per task, a list of code strings
+# %% ../nbs/11e_suite.ipynb #a023dc78
+def grade_completions(tasks:list, completions:list,  # per task, a list of code strings
           workers:int=2,                  # sandboxes at once
           timeout:float=5.0,              # seconds per program, tests included
           **kw,                           # other run_code arguments (memory_mb, mode)
@@ -346,7 +347,7 @@ def score_completer(completer:Callable, tasks:list,
                     k:int=4,               # the k of pass@k
                     n:int|None=None,       # sampled completions per task (at least k); None: k
                     seed:int=0,
-                    workers:int=2, timeout:float=5.0, **kw,   # the sandbox's pool and limits (`grade`)
+                    workers:int=2, timeout:float=5.0, **kw,   # the sandbox's pool and limits (`grade_completions`)
                    ) -> SuiteScore:
     "Greedy pass@1 and sampled pass@k of `completer` on `tasks`, every program run in the sandbox."
     n = k if n is None else n
@@ -354,7 +355,7 @@ def score_completer(completer:Callable, tasks:list,
     if k < 1 or n < k: raise ValueError(f"k={k}, n={n}: pass@k needs at least k >= 1 samples per task. Fix: n >= k (e.g. n={max(k, 1)}).")
     greedy = completer(tasks, 1, True, seed)
     sampled = completer(tasks, n, False, seed)
-    verdicts = grade(tasks, [g[:1] + s for g, s in zip(greedy, sampled)], workers=workers, timeout=timeout, **kw)
+    verdicts = grade_completions(tasks, [g[:1] + s for g, s in zip(greedy, sampled)], workers=workers, timeout=timeout, **kw)
     rows = []
     for t, v in zip(tasks, verdicts):
         c = sum(x == 'passed' for x in v[1:])
