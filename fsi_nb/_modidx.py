@@ -931,6 +931,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                               'fsi_nb.train._train_under_torchrun': ('train.html#_train_under_torchrun', 'fsi_nb/train.py'),
                               'fsi_nb.train._zero_expert_load': ('train.html#_zero_expert_load', 'fsi_nb/train.py'),
                               'fsi_nb.train.build_model': ('train.html#build_model', 'fsi_nb/train.py'),
+                              'fsi_nb.train.compile_plan': ('train.html#compile_plan', 'fsi_nb/train.py'),
+                              'fsi_nb.train.cpp_compiler': ('train.html#cpp_compiler', 'fsi_nb/train.py'),
                               'fsi_nb.train.inject_nan_steps': ('train.html#inject_nan_steps', 'fsi_nb/train.py'),
                               'fsi_nb.train.load_init_weights': ('train.html#load_init_weights', 'fsi_nb/train.py'),
                               'fsi_nb.train.lr_at': ('train.html#lr_at', 'fsi_nb/train.py'),

@@ -16,7 +16,7 @@ from .helix import helix_attention, helix_attention_loop
 from .moe import MoEFFN
 from .model import FSIEdgeModel, chunked_cross_entropy
 from .runs import resolve_precision, tune_cpu_allocator
-from .train import make_optimizer, train, train_step as trainer_step
+from .train import make_optimizer, train, train_step as trainer_step, compile_plan
 from .objectives import Objective, sample_group, sample_prompts
 
 # %% auto #0
@@ -231,7 +231,7 @@ def bench_options(ceiling:dict, quick:bool=False, warmup:int=2, iters:int=5) -> 
         mine, preset = [r for r in out if r['preset'] == name], get_preset(name).train
         best = max(mine, key=lambda r: r['hybrid_tokens_per_sec'])
         for r in mine:
-            is_default = (r['compile'], r['precision'], r['loss']) == (preset.compile, resolve_precision(preset.precision, torch.device('cpu')), base)
+            is_default = (r['compile'], r['precision'], r['loss']) == (compile_plan(preset, 'cpu')[0], resolve_precision(preset.precision, torch.device('cpu')), base)
             r['note'] = ' '.join(w for w, ok in (('default', is_default), ('fastest', r is best)) if ok)
     return out
 

@@ -58,7 +58,9 @@ def train_parser() -> argparse.ArgumentParser:
                     'and every other stage at most this many (its own number when smaller, epoch-based stages included)')
     ap.add_argument('--max-steps-cap', type=int, dest='max_steps_cap', help='at most this many optimizer steps, after epochs set them')
     _run_number_options(ap)
-    ap.add_argument('--compile', action='store_true', default=None, help='torch.compile the model')
+    ap.add_argument('--compile', action='store_true', default=None, help="torch.compile the model (the CPU presets' default: only a run long "
+                    'enough for compiling to pay back, `CPU_COMPILE`)')
+    ap.add_argument('--no-compile', action='store_false', dest='compile', help='train eager, whatever the length')
     ap.add_argument('--nproc', type=int, default=1, help='processes on this machine (one per GPU): > 1 starts torchrun and follows it; '
                     'DDP for dense presets, FSDP2 for MoE ones (under torchrun itself, torchrun decides)')
     ap.add_argument('--no-resume', action='store_true', help='refuse to continue an existing run')

@@ -11,10 +11,11 @@ from pathlib import Path
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['OBJECTIVE_CONFIGS', 'LOSS_CHUNK_LOGITS', 'BUILTIN_CORPUS_TOKENS', 'PRESETS', 'PRETRAINING_MIX', 'FINAL_MIX',
-           'FIM_MIX', 'LONG_CONTEXT_CPU', 'STAGES', 'FSIEdgeConfig', 'TrainConfig', 'SFTConfig', 'GRPOConfig',
-           'DPOConfig', 'loss_chunk_rows', 'Preset', 'gpu_preset', 'get_preset', 'DataMix', 'Stage', 'get_stage',
-           'config_to_dict', 'config_from_dict', 'Settings', 'find_settings', 'load_settings', 'check_parameters']
+__all__ = ['OBJECTIVE_CONFIGS', 'LOSS_CHUNK_LOGITS', 'BUILTIN_CORPUS_TOKENS', 'CPU_COMPILE', 'PRESETS', 'PRETRAINING_MIX',
+           'FINAL_MIX', 'FIM_MIX', 'LONG_CONTEXT_CPU', 'STAGES', 'FSIEdgeConfig', 'TrainConfig', 'SFTConfig',
+           'GRPOConfig', 'DPOConfig', 'loss_chunk_rows', 'Preset', 'gpu_preset', 'get_preset', 'DataMix', 'Stage',
+           'get_stage', 'config_to_dict', 'config_from_dict', 'Settings', 'find_settings', 'load_settings',
+           'check_parameters']
 
 # %% ../nbs/00_config.ipynb #99b32d5f
 def _check(ok, field_name, value, problem, fix):
@@ -115,7 +116,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     precision: str = 'auto'            # 'fp32', 'bf16' (autocast, fp32 master weights), or 'auto': bf16 where the device has fast bf16 matmuls
     device: str = 'auto'               # 'auto', 'cpu' or 'cuda'
-    compile: bool = False              # torch.compile the model
+    compile: bool | str = False        # torch.compile the model: True, False, or 'auto' (a run of compile_min_steps or more, where it pays back)
+    compile_min_steps: int = 0         # 'auto' compiles a run this long or longer (measured per preset: `CPU_COMPILE`); a resume decides alike
     seed: int = 1337
     log_interval: int = 10             # optimizer steps between log lines
     save_interval: int = 200           # optimizer steps between checkpoints
@@ -152,6 +154,9 @@ def validate(self:TrainConfig):
     _check(self.precision in ('auto', 'fp32', 'bf16'), 'precision', self.precision, 'unknown precision', "use 'auto', 'fp32' or 'bf16'")
     _check(self.device in ('auto', 'cpu', 'cuda') or self.device.startswith('cuda:'), 'device', self.device,
            'unknown device', "use 'auto', 'cpu' or 'cuda'")
+    _check(self.compile in (True, False, 'auto'), 'compile', self.compile, 'unknown mode', "use True, False or 'auto'")
+    _check(self.compile != 'auto' or self.compile_min_steps > 0, 'compile_min_steps', self.compile_min_steps,
+           "must be positive with compile='auto'", 'set the steps from which compiling pays back, or compile=True/False')
     _check(self.budget_hours is None or self.budget_hours > 0, 'budget_hours', self.budget_hours, 'must be positive', 'use None for no budget')
     for f in ('eval_interval', 'eval_batches'):
         _check(getattr(self, f) > 0, f, getattr(self, f), 'must be positive', f'set {f} >= 1')
@@ -237,8 +242,13 @@ _GUARDED = dict(dropout=0.1), dict(early_stop_patience=5)   # the cloud seed's t
 _GUARDS = ('dropout 0.1 and early stopping after 5 validations without a better one (the cloud seed\'s threat matrix): '
            '{passes:.1f} passes over the built-in corpus')
 
+# From how many steps `torch.compile` pays back on each CPU preset: twice the break-even (first compile / per-step gain)
+# measured with the real trainer, bf16, 2 threads, on this kit's build machine (nbs/notes/compile_pays.py, compile-pays.md)
+CPU_COMPILE = dict(tiny=1500, small=1500, med=1500)  # PROVISIONAL
+
 def _cpu(name, source, model, guarded=True, **train):
-    t = TrainConfig(precision='auto', device='cpu', **(train | (_GUARDED[1] if guarded else {})))
+    t = TrainConfig(precision='auto', device='cpu', compile='auto', compile_min_steps=CPU_COMPILE[name],
+                    **(train | (_GUARDED[1] if guarded else {})))
     passes = t.max_steps * t.tokens_per_step / BUILTIN_CORPUS_TOKENS
     guards = _GUARDS.format(passes=passes) if guarded else (f'none: {passes:.2f} of a pass over the built-in corpus, so no document '
                                                             'is seen twice (both guards are against repetition)')

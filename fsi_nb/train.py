@@ -31,7 +31,7 @@ from .distributed import (Ranks, init_ranks, wrap_model, grad_sync, clip_grad_no
 # %% auto #0
 __all__ = ['param_groups', 'make_optimizer', 'lr_at', 'WarmupCosine', 'make_scheduler', 'routing_record', 'inject_nan_steps',
            'StopOnSignal', 'RunResult', 'StepResult', 'train_step', 'build_model', 'load_init_weights', 'TrainState',
-           'train']
+           'cpp_compiler', 'compile_plan', 'train']
 
 # %% ../nbs/09_train.ipynb #42fc88e5
 def param_groups(model:torch.nn.Module, weight_decay:float) -> list[dict]:
@@ -336,6 +336,26 @@ def _objective_and_model(spec:RunSpec, ranks:Ranks, tok_sha:str, cap) -> tuple:
     if not spec.smoke and ranks.main: warn_short_warmup(spec.train)
     return objective, model, init
 
+# %% ../nbs/09_train.ipynb #444b1919
+def cpp_compiler() -> str | None:
+    "The C++ compiler inductor would build CPU kernels with (its own candidates, `config.cpp.cxx`), or None."
+    from torch._inductor import config
+    names = config.cpp.cxx if isinstance(config.cpp.cxx, (list, tuple)) else (config.cpp.cxx,)
+    return next((path for n in names if n and (path := shutil.which(n))), None)
+
+def compile_plan(t:TrainConfig, device:torch.device) -> tuple[bool, str]:
+    "Whether a run trains a `torch.compile`d model, and the one line that says so and why ('' when compile=False)."
+    if t.compile is False: return False, ''
+    if t.compile == 'auto' and t.max_steps < t.compile_min_steps:
+        return False, (f"compile: off: {t.max_steps:,} steps, and on this preset compiling pays back from {t.compile_min_steps:,} "
+                       "(--compile forces it)")
+    if torch.device(device).type == 'cpu' and not cpp_compiler():
+        return False, ("compile: off: torch.compile builds its CPU kernels with a C++ compiler, and none was found; training eager. "
+                       "Fix: apt-get install g++ (or set CXX), or --no-compile")
+    from torch._inductor.runtime.cache_dir_utils import cache_dir   # inductor's on-disk cache (TORCHINDUCTOR_CACHE_DIR moves it)
+    why = f"{t.max_steps:,} steps, and it pays back from {t.compile_min_steps:,}" if t.compile == 'auto' else 'asked for'
+    return True, f"compile: on ({why}); the first steps compile, and later runs and resumes reuse the graphs cached in {cache_dir()}"
+
 # %% ../nbs/09_train.ipynb #cd6a86c3
 def train(preset:str='tiny',          # a name in `fsi_nb.config.PRESETS`
           run_name:str|None=None,     # folder under runs_dir; None: the preset's name
@@ -355,6 +375,9 @@ def train(preset:str='tiny',          # a name in `fsi_nb.config.PRESETS`
     spec = resolve_run(preset, run_name, smoke=smoke, settings=settings, **overrides)
     spec.train = replace(spec.train, max_steps=cap(spec.train.max_steps))   # before the objective lays its schedule on the steps
     ranks = init_ranks(spec.device)               # torchrun's environment; a plain process is rank 0 of 1
+    compiled, why = compile_plan(spec.train, ranks.device)
+    spec.train = replace(spec.train, compile=compiled)   # the decision: in config.json and the checkpoint, so a resume compares it
+    if why and ranks.main: print(why, file=sys.stderr)
     spec.device = ranks.device                    # under torchrun on GPUs: this rank's own
     dev = spec.device
     _guard_run_dir(spec, resume, ranks.main)
