@@ -4,21 +4,24 @@
 
 # %% ../nbs/09a_stages.ipynb #1405565a
 from __future__ import annotations
-import time, warnings
+import math, time, warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from .config import STAGES, OBJECTIVE_CONFIGS, Settings, get_stage, load_settings
-from .runs import resolve_run, objective_setting_names
-from .run_folder import read_status, write_json
-from .objectives import OBJECTIVES
+from .config import STAGES, OBJECTIVE_CONFIGS, Settings, TrainConfig, get_stage, load_settings
+from .runs import RunSpec, resolve_run, objective_setting_names
+from .tokenizer import load_tokenizer
+from .run_folder import read_status, write_json, load_run, read_suite_scores, write_suite_score
+from .objectives import OBJECTIVES, pretraining_loss
 from .sandbox import check_isolation
-from .train import train, RunResult
+from .train import train, RunResult, build_model
+from .suite import suite_tasks, score_suite   # the eval floor, above this one: the pipeline scores what it trains
 
 # %% auto #0
-__all__ = ['stage_overrides', 'parse_stages', 'stage_row', 'PipelineResult', 'run_pipeline']
+__all__ = ['stage_overrides', 'parse_stages', 'metric_change', 'stage_row', 'suite_sample', 'score_weights', 'score_held_out',
+           'PipelineResult', 'run_pipeline']
 
 # %% ../nbs/09a_stages.ipynb #3e3f13ba
 _DONE = ('finished', 'early_stop')
@@ -52,18 +55,96 @@ def parse_stages(stages) -> list[str]:
     if len(set(names)) != len(names): raise ValueError(f"stages={names} repeats a stage. Fix: name each stage once.")
     return names
 
+# %% ../nbs/09a_stages.ipynb #64adb648
+def metric_change(before, before_se, after, after_se,   # a metric on two sets of weights, with its standard errors
+                  higher_is_better:bool,
+                  prefix:str='',                       # the columns' prefix ('suite_pass1_')
+                 ) -> dict:
+    "`change` (after - before), `change_se` and `beyond_3se`: the change exceeds 3 standard errors in the good direction (None: unknown)."
+    known = lambda x: x is not None and math.isfinite(x)
+    change = after - before if known(before) and known(after) else None
+    se = math.sqrt(before_se ** 2 + after_se ** 2) if change is not None and known(before_se) and known(after_se) else None
+    beyond = None if se is None else bool((change if higher_is_better else -change) > 3 * se)
+    return {f'{prefix}change': change, f'{prefix}change_se': se, f'{prefix}beyond_3se': beyond}
+
+
 # %% ../nbs/09a_stages.ipynb #c97779ab
-def stage_row(stage:str, run_dir) -> dict:
-    "The table row of a stage's run, from its status.json."
+_HELD_OUT = (('suite_pass1', True), ('suite_passk', True), ('pretrain_loss_128', False))   # the scores that follow the weights (`score_weights`)
+
+def _number(x): return float(x) if x is not None and math.isfinite(x) else None
+
+def _held_out_columns(before:dict|None, after:dict|None) -> dict:
+    "Each held-out score's before, after, their errors and the change, from two `score_weights` results."
+    row = dict(suite_tasks=(after or {}).get('suite_tasks'))
+    for name, up in _HELD_OUT:
+        b, a = before or {}, after or {}
+        cols = {f'{name}_{w}{e}': _number(d.get(f'{name}{e}')) for w, d in (('before', b), ('after', a)) for e in ('', '_se')}
+        row |= cols | metric_change(*cols.values(), up, f'{name}_')
+    return row
+
+def stage_row(stage:str, run_dir,
+              start_dir=None,   # the run whose best weights this stage started from (its suite.json has them); None: this run's 'start'
+             ) -> dict:
+    "The table row of a stage's run: its own metric before and after with errors and the change (status.json), then the held-out scores of its weights (suite.json)."
     st = read_status(run_dir)
     evals, metric = st.evals or [], st.metric
-    before = evals[0].get(metric) if evals and evals[0].get('step') == 0 else None
-    after = evals[-1].get(metric) if evals else None
+    first = evals[0] if evals and evals[0].get('step') == 0 else {}
+    last = evals[-1] if evals else {}
+    before, after = first.get(metric), last.get(metric)
     up = st.higher_is_better or False
-    return dict(stage=stage, objective=get_stage(stage).objective, state=st.state or 'not run', steps=st.step, metric=metric,
-                before=before, after=after, best=(st.best or {}).get(metric),
-                improved=None if before is None or after is None else (after > before if up else after < before), run=str(run_dir))
+    row = dict(stage=stage, objective=get_stage(stage).objective, state=st.state or 'not run', steps=st.step, metric=metric,
+               before=before, before_se=_number(first.get(f'{metric}_se')), after=after, after_se=_number(last.get(f'{metric}_se')))
+    row |= metric_change(_number(before), row['before_se'], _number(after), row['after_se'], up)
+    row |= dict(best=(st.best or {}).get(metric), improved=None if before is None or after is None else (after > before if up else after < before))
+    scores = read_suite_scores(run_dir)
+    start = read_suite_scores(start_dir).get('best') if start_dir else scores.get('start')
+    return row | _held_out_columns(start, scores.get('best')) | dict(run=str(run_dir))
 
+
+# %% ../nbs/09a_stages.ipynb #5a639167
+def suite_sample(n:int,          # tasks; 0: none
+                 seed:int=0,
+                ) -> list[dict]:
+    "`n` held-out suite tasks spread over its templates: each template's first task, then each one's second, and so on."
+    if n < 1: return []
+    one = suite_tasks('held_out', per_template=1, seed=seed)
+    order = {t['template']: i for i, t in enumerate(one)}
+    pool = suite_tasks('held_out', per_template=-(-n // len(one)), seed=seed)
+    return sorted(pool, key=lambda t: (int(t['id'].rsplit(':', 1)[1]), order.get(t['template'], len(order))))[:n]
+
+
+# %% ../nbs/09a_stages.ipynb #570e9632
+def score_weights(model, tokenizer, data_dir,
+                  t:TrainConfig,      # the run's: the suite's size (`suite_tasks`, `suite_k`), the validation's seed and batches, precision
+                  device,
+                  workers:int=2,      # sandboxes at once for the suite's programs
+                 ) -> dict:
+    "One set of weights' held-out numbers: the pretraining loss at 128 tokens and, unless `t.suite_tasks` is 0, the suite's row."
+    out = pretraining_loss(model, data_dir, t, device) if model.cfg.max_seq_len >= 128 else {}
+    if t.suite_tasks: out |= score_suite(model, tokenizer, suite_sample(t.suite_tasks), k=t.suite_k, workers=workers).row()
+    return out
+
+
+# %% ../nbs/09a_stages.ipynb #647c81ca
+def score_held_out(run_dir,           # the stage's run folder: its suite.json keeps the score
+                   weights:str,       # 'best' (the weights it hands on) or 'start' (those it started from)
+                   spec:RunSpec,      # the stage's resolved settings: data, device, suite size
+                   init_from:str='',  # for 'start': the run or checkpoint it started from ('' = seeded, as `train` builds them)
+                  ) -> dict:
+    "Score one set of a stage's weights once (`score_weights`), kept in its suite.json; a score already there is returned as it is."
+    if (have := read_suite_scores(run_dir).get(weights)) is not None: return have
+    t0 = time.perf_counter()
+    if weights == 'best' or init_from:   # the checkpoint the next stage starts from (`choose_checkpoint`), or the chain's given start
+        r = load_run(run_dir if weights == 'best' else init_from, spec.data_dir, spec.device, quiet=True,
+                     checkpoint=None if weights == 'best' else spec.train.init_checkpoint or None)
+        model, tok, where, step = r.model, r.tokenizer, str(r.checkpoint), r.step
+    else: model, tok, where, step = build_model(spec, spec.data_dir), load_tokenizer(spec.data_dir/'tokenizer'), 'seeded', 0
+    score = score_weights(model, tok, spec.data_dir, spec.train, spec.device) | dict(checkpoint=where, step=step)
+    write_suite_score(run_dir, weights, score | dict(seconds=time.perf_counter() - t0))
+    return read_suite_scores(run_dir)[weights]
+
+
+# %% ../nbs/09a_stages.ipynb #8eb4f5c2
 @dataclass
 class PipelineResult:
     "What `run_pipeline` did."
@@ -85,7 +166,7 @@ def run_pipeline(stages,                     # 'stage1,stage1b,...' or a list (`
                  nproc:int=1,                # processes per stage (`fsi_nb.train.train`)
                  **overrides                 # every stage that has the setting; 'stageX.field' for one stage only
                 ) -> PipelineResult:
-    "Train `stages` in order, each its own run under `runs_dir/name/`, each from the previous one's best weights (`init_checkpoint` picks another)."
+    "Train `stages` in order, each its own run under `runs_dir/name/`, each from the previous one's best weights (`init_checkpoint` picks another); score each set of weights on held-out data once."
     stages = parse_stages(stages)
     overrides = {k: v for k, v in overrides.items() if v is not None}   # None keeps the stage's value (the CLI's unset options)
     common, per = _split_overrides(stages, overrides)
@@ -95,9 +176,10 @@ def run_pipeline(stages,                     # 'stage1,stage1b,...' or a list (`
     steps = {st: _stage_steps(st, max_steps, plan[st]) for st in stages}
     pdir = Path(common.get('runs_dir', s.runs_dir))/name
     starts = dict(zip(stages, [init_from] + [str(pdir/st) for st in stages[:-1]]))   # each stage from the one before it
-    for st in stages:   # every stage's settings resolve before the first one trains
-        resolve_run(preset, f'{name}/{st}', smoke=smoke, settings=s, **(plan[st] | steps[st] | dict(stage=st, init_from=starts[st], max_steps_cap=None)))
-    if any(OBJECTIVES[get_stage(st).objective].runs_model_code for st in stages): check_isolation()   # not after hours of stage 1
+    specs = {st: resolve_run(preset, f'{name}/{st}', smoke=smoke, settings=s, **(plan[st] | steps[st] | dict(stage=st, init_from=starts[st], max_steps_cap=None)))
+             for st in stages}   # every stage's settings resolve before the first one trains
+    if any(OBJECTIVES[get_stage(st).objective].runs_model_code or specs[st].train.suite_tasks for st in stages):
+        check_isolation()   # not after hours of stage 1
     pdir.mkdir(parents=True, exist_ok=True)
     write_json(pdir/'pipeline.json', dict(preset=preset, stages=stages, smoke=smoke, init_from=init_from, max_steps=max_steps,
                                          overrides={k: str(v) for k, v in overrides.items()}, started=time.time()))
@@ -111,8 +193,10 @@ def run_pipeline(stages,                     # 'stage1,stage1b,...' or a list (`
                       **(plan[stage] | steps[stage] | dict(stage=stage, init_from=str(prev) if prev else '')))
             runs[stage], stopped, signum = r, r.stopped, r.signum
             if r.stopped not in _DONE: break                  # a signal, NaNs or the budget: the next call resumes here
+        if stage == stages[0]: score_held_out(run_dir, 'start', specs[stage], init_from)   # the weights the chain starts from
+        score_held_out(run_dir, 'best', specs[stage])         # each scored once: a resumed pipeline finds them in the run folder
         prev = run_dir
-    table = pd.DataFrame([stage_row(st, pdir/st) for st in stages])
+    table = pd.DataFrame([stage_row(st, pdir/st, start) for st, start in zip(stages, [None] + [pdir/st for st in stages[:-1]])])
     table.to_csv(pdir/'pipeline.csv', index=False)
     return PipelineResult(name, pdir, stopped, table, runs, signum)
 
