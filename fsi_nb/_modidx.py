@@ -254,6 +254,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                  'fsi_nb.evaluate._humaneval_section': ('evaluate.html#_humaneval_section', 'fsi_nb/evaluate.py'),
                                  'fsi_nb.evaluate._json_ready': ('evaluate.html#_json_ready', 'fsi_nb/evaluate.py'),
                                  'fsi_nb.evaluate._line_spans': ('evaluate.html#_line_spans', 'fsi_nb/evaluate.py'),
+                                 'fsi_nb.evaluate._suite_section': ('evaluate.html#_suite_section', 'fsi_nb/evaluate.py'),
                                  'fsi_nb.evaluate._val_tokens': ('evaluate.html#_val_tokens', 'fsi_nb/evaluate.py'),
                                  'fsi_nb.evaluate.category_metrics': ('evaluate.html#category_metrics', 'fsi_nb/evaluate.py'),
                                  'fsi_nb.evaluate.evaluate_run': ('evaluate.html#evaluate_run', 'fsi_nb/evaluate.py'),

@@ -53,11 +53,13 @@ class Objective:
 def mean_se(values,        # one number per independent unit: a batch, a prompt, a pair
             weights=None,  # each unit's weight (e.g. its target tokens) for a weighted mean; None: equal weights
            ) -> float:
-    "Standard error of the (weighted) mean of `values`; nan for fewer than two."
+    "Standard error of the (weighted) mean of `values`; nan for fewer than two units (of weight above 0)."
     x = np.asarray(list(values), dtype=float)
+    w = np.ones(len(x)) if weights is None else np.asarray(list(weights), dtype=float)
+    x, w = x[w > 0], w[w > 0]   # a batch with no target tokens measured nothing
     if len(x) < 2: return float('nan')
     if weights is None: return float(x.std(ddof=1) / math.sqrt(len(x)))
-    w = np.asarray(list(weights), dtype=float); w = w / w.sum()
+    w = w / w.sum()
     return float(math.sqrt(len(x) / (len(x) - 1) * (w ** 2 * (x - (w * x).sum()) ** 2).sum()))
 
 
@@ -239,7 +241,7 @@ def evaluate(self:SFT, model):
             tokens.append(float((yy[:, 1:] != -100).sum()))
             losses.append(model(input_ids=x[s:s + self.cfg.batch_size].to(self.device), labels=yy, return_logits=False).aux['lm_loss'].float().item())
         cnt = sum(tokens)
-        return {self.metric: sum(l * k for l, k in zip(losses, tokens)) / max(cnt, 1),
+        return {self.metric: sum(l * k for l, k in zip(losses, tokens) if k) / max(cnt, 1),
                 f'{self.metric}_se': mean_se(losses, tokens) if cnt else float('nan')}
     return self._held_out(model, run)
 
