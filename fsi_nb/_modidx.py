@@ -250,6 +250,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                     'fsi_nb.distributed.wrap_model': ('distributed.html#wrap_model', 'fsi_nb/distributed.py')},
             'fsi_nb.evaluate': { 'fsi_nb.evaluate._at': ('evaluate.html#_at', 'fsi_nb/evaluate.py'),
                                  'fsi_nb.evaluate._cell': ('evaluate.html#_cell', 'fsi_nb/evaluate.py'),
+                                 'fsi_nb.evaluate._eval_record': ('evaluate.html#_eval_record', 'fsi_nb/evaluate.py'),
                                  'fsi_nb.evaluate._fence': ('evaluate.html#_fence', 'fsi_nb/evaluate.py'),
                                  'fsi_nb.evaluate._humaneval_section': ('evaluate.html#_humaneval_section', 'fsi_nb/evaluate.py'),
                                  'fsi_nb.evaluate._json_ready': ('evaluate.html#_json_ready', 'fsi_nb/evaluate.py'),

@@ -436,6 +436,16 @@ def _suite_section(s) -> list[str]:
             markdown_table(t[t.level == 'all'][['family', 'tasks', 'pass1', 'pass1_se', 'passk', 'passk_se']], index=False)]
 
 
+# %% ../nbs/11_evaluate.ipynb #d7b0134c
+def _eval_record(ev, fim, humaneval, params, suite) -> dict:
+    "eval.json: the report's numbers without the prose; a suite score's row flat at the top level, for `compare`."
+    return _json_ready(dict(run=ev['run'], step=ev['step'], checkpoint=ev['checkpoint'], val=ev['val'],
+                       categories=ev['categories'], gates=ev['gates'], sizing=ev['sizing'].drop(columns='note'), routing=ev['routing'],
+                       fim=None if fim is None else dict(exact_match=fim['exact_match'], n=fim['n']),
+                       humaneval=None if humaneval is None else {k: v for k, v in humaneval.items() if not isinstance(v, pd.DataFrame)},
+                       params=params) | (suite.row() if suite is not None else {}))
+
+
 # %% ../nbs/11_evaluate.ipynb #42f43c01
 def write_report(
     ev:dict,                   # `evaluate_run(...)`
@@ -443,7 +453,7 @@ def write_report(
     humaneval:dict|None=None,  # `fsi_nb.humaneval.evaluate_humaneval(...)`
     params:dict|None=None,     # the evaluation's own settings, shown as given
     out_dir=None,              # None: the run folder
-    suite=None,                # a held-out suite score (`fsi_nb.suite.score_suite`): a section, and its `.row()` fields in eval.json
+    suite=None,                # `fsi_nb.suite.score_suite(...)`: a section, and its `.row()` in eval.json
 ) -> Path:
     "Write report.md, its PNG plots and eval.json for one evaluated run; returns the report's path."
     r, out = ev['loaded'], Path(out_dir or ev['run'])
@@ -482,9 +492,5 @@ def write_report(
     if params: L += ['\n## Evaluation settings\n', markdown_table(pd.DataFrame([params]).T.rename(columns={0: 'value'}).rename_axis('parameter'))]
     path = out/'report.md'
     path.write_text('\n'.join(L))
-    write_eval(out, _json_ready(dict(run=ev['run'], step=ev['step'], checkpoint=ev['checkpoint'], val=ev['val'],
-               categories=ev['categories'], gates=ev['gates'], sizing=ev['sizing'].drop(columns='note'), routing=ev['routing'],
-               fim=None if fim is None else dict(exact_match=fim['exact_match'], n=fim['n']),
-               humaneval=None if humaneval is None else {k: v for k, v in humaneval.items() if not isinstance(v, pd.DataFrame)},
-               params=params) | (suite.row() if suite is not None else {})))
+    write_eval(out, _eval_record(ev, fim, humaneval, params, suite))
     return path

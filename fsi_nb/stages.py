@@ -177,9 +177,8 @@ def run_pipeline(stages,                     # 'stage1,stage1b,...' or a list (`
     pdir = Path(common.get('runs_dir', s.runs_dir))/name
     starts = dict(zip(stages, [init_from] + [str(pdir/st) for st in stages[:-1]]))   # each stage from the one before it
     specs = {st: resolve_run(preset, f'{name}/{st}', smoke=smoke, settings=s, **(plan[st] | steps[st] | dict(stage=st, init_from=starts[st], max_steps_cap=None)))
-             for st in stages}   # every stage's settings resolve before the first one trains
-    if any(OBJECTIVES[get_stage(st).objective].runs_model_code or specs[st].train.suite_tasks for st in stages):
-        check_isolation()   # not after hours of stage 1
+             for st in stages}   # all resolve before the first stage trains
+    if any(OBJECTIVES[get_stage(st).objective].runs_model_code or specs[st].train.suite_tasks for st in stages): check_isolation()   # not after hours of stage 1
     pdir.mkdir(parents=True, exist_ok=True)
     write_json(pdir/'pipeline.json', dict(preset=preset, stages=stages, smoke=smoke, init_from=init_from, max_steps=max_steps,
                                          overrides={k: str(v) for k, v in overrides.items()}, started=time.time()))
@@ -193,10 +192,10 @@ def run_pipeline(stages,                     # 'stage1,stage1b,...' or a list (`
                       **(plan[stage] | steps[stage] | dict(stage=stage, init_from=str(prev) if prev else '')))
             runs[stage], stopped, signum = r, r.stopped, r.signum
             if r.stopped not in _DONE: break                  # a signal, NaNs or the budget: the next call resumes here
-        if stage == stages[0]: score_held_out(run_dir, 'start', specs[stage], init_from)   # the weights the chain starts from
-        score_held_out(run_dir, 'best', specs[stage])         # each scored once: a resumed pipeline finds them in the run folder
+        if stage == stages[0]: score_held_out(run_dir, 'start', specs[stage], init_from)   # the chain's start
+        score_held_out(run_dir, 'best', specs[stage])         # each once: a resumed pipeline finds it in the run folder
         prev = run_dir
-    table = pd.DataFrame([stage_row(st, pdir/st, start) for st, start in zip(stages, [None] + [pdir/st for st in stages[:-1]])])
+    table = pd.DataFrame([stage_row(st, pdir/st, p and pdir/p) for p, st in zip([None] + stages[:-1], stages)])
     table.to_csv(pdir/'pipeline.csv', index=False)
     return PipelineResult(name, pdir, stopped, table, runs, signum)
 
