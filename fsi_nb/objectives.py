@@ -127,7 +127,7 @@ def pretraining_loss(model, data_dir, t:TrainConfig, device,
                      seq_len:int=128,   # tokens per window
                     ) -> dict:
     "The held-out next-token loss on the final (pretraining) mix at `seq_len` tokens, with its standard error: NextToken's validation on any weights."
-    val = Batcher(data_dir, 'val', seed=t.seed, mix=FINAL_MIX, verify=False)
+    val, device = Batcher(data_dir, 'val', seed=t.seed, mix=FINAL_MIX, verify=False), torch.device(device)
     was = model.training; model.eval()
     try:
         with torch.no_grad(), autocast_context(device, t.precision):
