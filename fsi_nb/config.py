@@ -130,6 +130,8 @@ class TrainConfig:
     init_checkpoint: str = ''          # which of init_from's checkpoints: '' (its best validation's), 'final', 'latest' or a step
     eval_interval: int = 250           # optimizer steps between validations on held-out data (and at the end)
     eval_batches: int = 8              # held-out batches per validation
+    suite_tasks: int = 15              # held-out suite tasks scored on each set of weights a pipeline makes (`fsi_nb.stages`); 0 = none
+    suite_k: int = 4                   # the k of the suite's pass@k (k sampled completions per task)
     early_stop_patience: int = 0       # stop after this many validations without a new best; 0 = never
     keep_every: int = 0                # also keep every checkpoint whose step is a multiple of this; 0 = only the last keep_checkpoints
     activation_checkpointing: str = 'none'  # recompute in backward rather than keep: 'moe' (each MoE layer), 'all' (each block) or 'none'
@@ -160,7 +162,8 @@ def validate(self:TrainConfig):
     _check(self.budget_hours is None or self.budget_hours > 0, 'budget_hours', self.budget_hours, 'must be positive', 'use None for no budget')
     for f in ('eval_interval', 'eval_batches'):
         _check(getattr(self, f) > 0, f, getattr(self, f), 'must be positive', f'set {f} >= 1')
-    for f in ('early_stop_patience', 'keep_every'):
+    _check(self.suite_k > 0, 'suite_k', self.suite_k, 'must be positive', 'set suite_k >= 1 (e.g. 4)')
+    for f in ('early_stop_patience', 'keep_every', 'suite_tasks'):
         _check(getattr(self, f) >= 0, f, getattr(self, f), 'must not be negative', f'set {f} >= 0 (0 switches it off)')
     _check(self.activation_checkpointing in ('none', 'moe', 'all'), 'activation_checkpointing', self.activation_checkpointing,
            'unknown mode', "use 'none', 'moe' (each MoE layer) or 'all' (each block)")

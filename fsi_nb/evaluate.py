@@ -425,13 +425,35 @@ def _humaneval_section(h:dict) -> list[str]:
     if not any(h['pass_at'].values()): L += ['\nNo problem was solved, by any sample: at this size and training that is the expected score.\n']
     return L
 
+# %% ../nbs/11_evaluate.ipynb #c3e3c99d
+def _suite_section(s) -> list[str]:
+    "The report's held-out suite section from a `fsi_nb.suite.SuiteScore` (its `table`, `k` and `n`)."
+    t = s.table
+    a = t[t.family == 'all'].iloc[0]
+    return ['\n## Held-out suite\n', f"{int(a.tasks)} held-out tasks (`fsi_nb.suite`: templates and values no stage trains on), every "
+            f"program run in the sandbox. Greedy pass@1 **{a.pass1:.1%} ± {a.pass1_se:.1%}**, pass@{s.k} from {s.n} samples a task "
+            f"**{a.passk:.1%} ± {a.passk_se:.1%}** (± one standard error).\n",
+            markdown_table(t[t.level == 'all'][['family', 'tasks', 'pass1', 'pass1_se', 'passk', 'passk_se']], index=False)]
+
+
+# %% ../nbs/11_evaluate.ipynb #d7b0134c
+def _eval_record(ev, fim, humaneval, params, suite) -> dict:
+    "eval.json: the report's numbers without the prose; a suite score's row flat at the top level, for `compare`."
+    return _json_ready(dict(run=ev['run'], step=ev['step'], checkpoint=ev['checkpoint'], val=ev['val'],
+                       categories=ev['categories'], gates=ev['gates'], sizing=ev['sizing'].drop(columns='note'), routing=ev['routing'],
+                       fim=None if fim is None else dict(exact_match=fim['exact_match'], n=fim['n']),
+                       humaneval=None if humaneval is None else {k: v for k, v in humaneval.items() if not isinstance(v, pd.DataFrame)},
+                       params=params) | (suite.row() if suite is not None else {}))
+
+
 # %% ../nbs/11_evaluate.ipynb #42f43c01
 def write_report(
     ev:dict,                   # `evaluate_run(...)`
     fim:dict|None=None,        # `fim_exact_match(...)`
     humaneval:dict|None=None,  # `fsi_nb.humaneval.evaluate_humaneval(...)`
     params:dict|None=None,     # the evaluation's own settings, shown as given
-    out_dir=None               # None: the run folder
+    out_dir=None,              # None: the run folder
+    suite=None,                # `fsi_nb.suite.score_suite(...)`: a section, and its `.row()` in eval.json
 ) -> Path:
     "Write report.md, its PNG plots and eval.json for one evaluated run; returns the report's path."
     r, out = ev['loaded'], Path(out_dir or ev['run'])
@@ -459,6 +481,7 @@ def write_report(
               f"Exact match: **{fim['exact_match']:.1%}** of {fim['n']} held-out code lines.\n",
               markdown_table(fim['examples'].head(5)[['middle', 'prediction', 'exact']], index=False)]
     if humaneval is not None: L += _humaneval_section(humaneval)
+    if suite is not None: L += _suite_section(suite)
     L += ['\n## Routing health\n', markdown_table(ev['routing']) if ev['routing'] is not None else 'Dense model: no routing.\n']
     if len(log) and (rf := plot_routing(log, name)) is not None:
         fig_png(rf, out/'report_routing.png'); L += ['\n![routing health](report_routing.png)\n']
@@ -469,9 +492,5 @@ def write_report(
     if params: L += ['\n## Evaluation settings\n', markdown_table(pd.DataFrame([params]).T.rename(columns={0: 'value'}).rename_axis('parameter'))]
     path = out/'report.md'
     path.write_text('\n'.join(L))
-    write_eval(out, _json_ready(dict(run=ev['run'], step=ev['step'], checkpoint=ev['checkpoint'], val=ev['val'],
-               categories=ev['categories'], gates=ev['gates'], sizing=ev['sizing'].drop(columns='note'), routing=ev['routing'],
-               fim=None if fim is None else dict(exact_match=fim['exact_match'], n=fim['n']),
-               humaneval=None if humaneval is None else {k: v for k, v in humaneval.items() if not isinstance(v, pd.DataFrame)},
-               params=params)))
+    write_eval(out, _eval_record(ev, fim, humaneval, params, suite))
     return path

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np, torch
 from fastcore.basics import patch
 
-from .config import TrainConfig
+from .config import TrainConfig, FINAL_MIX
 from .tokenizer import SPECIAL_TOKENS, load_tokenizer
 from .tasks import task_records
 from .batches import Batcher, seq_len_for_step
@@ -18,10 +18,10 @@ from .runs import RunSpec, autocast_context
 from .sandbox import run_many
 
 # %% auto #0
-__all__ = ['OBJECTIVES', 'Objective', 'NextToken', 'FIM', 'chat_pieces', 'encode_example', 'pack_examples', 'SFT', 'SFTReasoning',
-           'sample_group', 'sample_prompts', 'completion_batch', 'sequence_logprobs', 'format_reward',
-           'completion_code', 'group_advantages', 'grpo_loss', 'GRPO', 'GRPOExecution', 'dpo_loss', 'DPO',
-           'make_objective']
+__all__ = ['OBJECTIVES', 'Objective', 'mean_se', 'binomial_se', 'val_batch_losses', 'NextToken', 'FIM', 'pretraining_loss',
+           'chat_pieces', 'encode_example', 'pack_examples', 'SFT', 'SFTReasoning', 'sample_group', 'sample_prompts',
+           'completion_batch', 'sequence_logprobs', 'format_reward', 'completion_code', 'group_advantages', 'grpo_loss',
+           'GRPO', 'GRPOExecution', 'dpo_loss', 'DPO', 'make_objective']
 
 # %% ../nbs/08c_objectives.ipynb #9c4a7724
 class Objective:
@@ -48,6 +48,34 @@ class Objective:
         try:
             with torch.no_grad(), autocast_context(self.device, self.cfg.precision): return fn()
         finally: model.train(was)
+
+# %% ../nbs/08c_objectives.ipynb #6e40069c
+def mean_se(values,        # one number per independent unit: a batch, a prompt, a pair
+            weights=None,  # each unit's weight (e.g. its target tokens) for a weighted mean; None: equal weights
+           ) -> float:
+    "Standard error of the (weighted) mean of `values`; nan for fewer than two units (of weight above 0)."
+    x = np.asarray(list(values), dtype=float)
+    w = np.ones(len(x)) if weights is None else np.asarray(list(weights), dtype=float)
+    x, w = x[w > 0], w[w > 0]   # a batch with no target tokens measured nothing
+    if len(x) < 2: return float('nan')
+    if weights is None: return float(x.std(ddof=1) / math.sqrt(len(x)))
+    w = w / w.sum()
+    return float(math.sqrt(len(x) / (len(x) - 1) * (w ** 2 * (x - (w * x).sum()) ** 2).sum()))
+
+
+# %% ../nbs/08c_objectives.ipynb #7f172ba2
+def binomial_se(p:float, n:int) -> float:
+    "Standard error of a rate `p` measured on `n` independent 0/1 outcomes (a pass rate, an accuracy); nan for no outcomes."
+    return math.sqrt(p * (1 - p) / n) if n > 0 else float('nan')
+
+
+# %% ../nbs/08c_objectives.ipynb #882f1238
+def val_batch_losses(model, batcher:Batcher,   # a `Batcher` of the val split
+                     batches:int, batch_size:int, seq_len:int, device) -> list[float]:
+    "Each held-out batch's mean next-token loss (the LM loss, without MoE auxiliary terms): what a validation loss averages."
+    return [model(**{k: v.to(device) for k, v in batcher.get_batch(i, 0, batch_size, seq_len).items()},
+                  return_logits=False).aux['lm_loss'].float().item() for i in range(batches)]
+
 
 # %% ../nbs/08c_objectives.ipynb #1545ff18
 class NextToken(Objective):
@@ -80,10 +108,10 @@ class NextToken(Objective):
         def run():
             res = {}
             for L in self.eval_lengths():
-                losses = [model(**{k: v.to(self.device) for k, v in val.get_batch(i, 0, t.batch_size, L).items()},
-                                return_logits=False).aux['lm_loss'].float().item() for i in range(t.eval_batches)]
-                res[f'val_loss_{L}'] = sum(losses) / len(losses)
-            res['val_loss'] = res[f'val_loss_{max(self.eval_lengths())}']
+                losses = val_batch_losses(model, val, t.eval_batches, t.batch_size, L, self.device)
+                res[f'val_loss_{L}'], res[f'val_loss_{L}_se'] = sum(losses) / len(losses), mean_se(losses)
+            top = max(self.eval_lengths())
+            res['val_loss'], res['val_loss_se'] = res[f'val_loss_{top}'], res[f'val_loss_{top}_se']
             return res
         return self._held_out(model, run)
 
@@ -93,6 +121,20 @@ class FIM(NextToken):
         if not (spec.stage.data_mix and spec.stage.data_mix.fim_rate): raise ValueError(
             f"{spec.stage.name} trains fim but its data_mix has no fim_rate. Fix: give its row a DataMix with fim_rate > 0 (e.g. FIM_MIX).")
         super().__init__(spec, data_dir, verify)
+
+# %% ../nbs/08c_objectives.ipynb #77f01a48
+def pretraining_loss(model, data_dir, t:TrainConfig, device,
+                     seq_len:int=128,   # tokens per window
+                    ) -> dict:
+    "The held-out next-token loss on the final (pretraining) mix at `seq_len` tokens, with its standard error: NextToken's validation on any weights."
+    val, device = Batcher(data_dir, 'val', seed=t.seed, mix=FINAL_MIX, verify=False), torch.device(device)
+    was = model.training; model.eval()
+    try:
+        with torch.no_grad(), autocast_context(device, t.precision):
+            losses = val_batch_losses(model, val, t.eval_batches, t.batch_size, seq_len, device)
+    finally: model.train(was)
+    return {f'pretrain_loss_{seq_len}': sum(losses) / len(losses), f'pretrain_loss_{seq_len}_se': mean_se(losses)}
+
 
 # %% ../nbs/08c_objectives.ipynb #af307891
 def chat_pieces(rec:dict, with_thought:bool=False) -> tuple[str, str]:
@@ -193,13 +235,14 @@ def evaluate(self:SFT, model):
     n = min(len(x), self.cfg.eval_batches * self.cfg.batch_size)
     if n == 0: return {self.metric: float('nan')}
     def run():
-        tot = cnt = 0.0
+        losses, tokens = [], []   # each batch's mean reply loss and its reply tokens: the metric is their token-weighted mean
         for s in range(0, n, self.cfg.batch_size):
             yy = y[s:s + self.cfg.batch_size].to(self.device)
-            k = float((yy[:, 1:] != -100).sum())
-            tot += model(input_ids=x[s:s + self.cfg.batch_size].to(self.device), labels=yy, return_logits=False).aux['lm_loss'].float().item() * k
-            cnt += k
-        return {self.metric: tot / max(cnt, 1)}
+            tokens.append(float((yy[:, 1:] != -100).sum()))
+            losses.append(model(input_ids=x[s:s + self.cfg.batch_size].to(self.device), labels=yy, return_logits=False).aux['lm_loss'].float().item())
+        cnt = sum(tokens)
+        return {self.metric: sum(l * k for l, k in zip(losses, tokens) if k) / max(cnt, 1),
+                f'{self.metric}_se': mean_se(losses, tokens) if cnt else float('nan')}
     return self._held_out(model, run)
 
 # %% ../nbs/08c_objectives.ipynb #c9e49eaf
@@ -332,10 +375,17 @@ def loss(self:GRPO, model, batch):
     loss = loss + (out.loss - out.aux['lm_loss'])   # the MoE router terms, if any
     return loss, dict(batch['stats'], **m, routing=out.routing)
 
+# %% ../nbs/08c_objectives.ipynb #8774fed4
+def _outcome_se(values) -> float:
+    "The standard error of the mean of one outcome per prompt: binomial when every outcome is 0 or 1 (a pass rate), else the mean's."
+    v = list(values)
+    return binomial_se(sum(v) / len(v), len(v)) if v and set(v) <= {0.0, 1.0} else mean_se(v)
+
+
 # %% ../nbs/08c_objectives.ipynb #7ec8b0f9
 @patch
 def evaluate(self:GRPO, model):
-    "Held-out prompts: the mean reward of 4 samples each (what RL raises; fixed seeds) and of the greedy reply."
+    "Held-out prompts: the mean reward of 4 samples each (what RL raises; fixed seeds) and of the greedy reply, with standard errors over prompts."
     t, eot = self.cfg, self.special['<|endoftext|>']
     o = self.ocfg
     recs = self.prompts['val'][:o.num_prompts] or self.prompts['train'][:o.num_prompts]
@@ -344,7 +394,9 @@ def evaluate(self:GRPO, model):
         sampled = [c for g in sample_prompts(model, ps, 4, o.max_new_tokens, o.temperature, eot, seed=0) for c in g]
         greedy = [g[0] for g in sample_prompts(model, ps, 1, o.max_new_tokens, 1.0, eot, 0, greedy=True)]
         rs, rg = self.rewards([r for r in recs for _ in range(4)], sampled), self.rewards(recs, greedy)
-        return {self.metric: sum(rs) / max(len(rs), 1), 'val_reward_greedy': sum(rg) / max(len(rg), 1)}
+        per_prompt = [sum(rs[i:i + 4]) / 4 for i in range(0, len(rs), 4)]   # a prompt's samples are not independent: average them first
+        return {self.metric: sum(rs) / max(len(rs), 1), f'{self.metric}_se': mean_se(per_prompt),
+                'val_reward_greedy': sum(rg) / max(len(rg), 1), 'val_reward_greedy_se': _outcome_se(rg)}
     return self._held_out(model, run)
 
 # %% ../nbs/08c_objectives.ipynb #20c37155
@@ -367,9 +419,13 @@ class GRPOExecution(GRPO):
         return [1.0 if x.passed and p else 0.0 for x, p in zip(res, progs)]
 
 # %% ../nbs/08c_objectives.ipynb #90d22bf3
+def _dpo_margin(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta:float):
+    "Each pair's implicit reward margin, beta * ((log pi(y_w) - log ref(y_w)) - (log pi(y_l) - log ref(y_l)))."
+    return beta * ((policy_chosen - ref_chosen) - (policy_rejected - ref_rejected))
+
 def dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta:float=0.1):
     "DPO loss over pairs of summed log-probs (n,), with the reward margin and preference accuracy."
-    margin = beta * ((policy_chosen - ref_chosen) - (policy_rejected - ref_rejected))
+    margin = _dpo_margin(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta)
     return -torch.nn.functional.logsigmoid(margin).mean(), dict(reward_margin=float(margin.detach().mean()), accuracy=float((margin > 0).float().mean()))
 
 # %% ../nbs/08c_objectives.ipynb #78eb6a32
@@ -472,7 +528,9 @@ def evaluate(self:DPO, model):
     def run():
         (pc, pr), _ = self._policy(model, self._rows(pv, torch.arange(pv['n'])))
         _, m = dpo_loss(pc, pr, pv['ref_chosen'], pv['ref_rejected'], self.ocfg.dpo_beta)
-        return {self.metric: m['reward_margin'], 'val_accuracy': m['accuracy']}
+        margins = _dpo_margin(pc, pr, pv['ref_chosen'], pv['ref_rejected'], self.ocfg.dpo_beta).float().tolist()
+        return {self.metric: m['reward_margin'], f'{self.metric}_se': mean_se(margins),      # over pairs
+                'val_accuracy': m['accuracy'], 'val_accuracy_se': binomial_se(m['accuracy'], len(margins))}
     return self._held_out(model, run)
 
 # %% ../nbs/08c_objectives.ipynb #075d69eb

@@ -23,9 +23,10 @@ from .runs import resolve_device, json_safe, git_commit
 # %% auto #0
 __all__ = ['SECTIONS', 'OBJECTIVE_KEYS', 'CONFIG_UPGRADES', 'CHECKPOINT_FORMAT', 'PICKS', 'RunFolder', 'write_json', 'read_json',
            'RunConfig', 'write_config', 'read_config', 'is_smoke_run', 'Status', 'write_status', 'read_status',
-           'write_eval', 'read_eval', 'truncate_log', 'read_loss_history', 'RunFolderError', 'check_writable',
-           'UpgradeError', 'ConfigUpgrade', 'upgrade_config', 'Checkpoint', 'save_run_checkpoint', 'read_checkpoint',
-           'pick_checkpoint', 'choose_checkpoint', 'check_compatible', 'LoadedRun', 'load_run']
+           'write_eval', 'read_eval', 'write_suite_score', 'read_suite_scores', 'truncate_log', 'read_loss_history',
+           'RunFolderError', 'check_writable', 'UpgradeError', 'ConfigUpgrade', 'upgrade_config', 'Checkpoint',
+           'save_run_checkpoint', 'read_checkpoint', 'pick_checkpoint', 'choose_checkpoint', 'check_compatible',
+           'LoadedRun', 'load_run']
 
 # %% ../nbs/08d_run_folder.ipynb #a508b01b
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class RunFolder:
     def loss_history(self) -> Path: return self.path/'loss_history.jsonl'   # every step's loss, one short line each
     @property
     def probes(self) -> Path: return self.path/'probes.json'      # long-range probe accuracy (`fsi_nb.sweep.score_probes`)
+    @property
+    def suite(self) -> Path: return self.path/'suite.json'        # held-out suite and pretraining loss of its weights (`fsi_nb.stages`)
     @property
     def evaluation(self) -> Path: return self.path/'eval.json'          # the last evaluation's numbers
     @property
@@ -189,6 +192,19 @@ def read_eval(run_dir) -> dict:
     "The run's eval.json; {} when it was never evaluated."
     d = read_json(RunFolder(run_dir).evaluation)
     return d if isinstance(d, dict) else {}
+
+# %% ../nbs/08d_run_folder.ipynb #278d5f53
+def write_suite_score(run_dir, weights:str,  # which weights of the run: 'best' (what the next stage starts from) or 'start'
+                      score:dict):           # their held-out numbers: the suite's row, the pretraining loss, which checkpoint
+    "Keep the held-out score of one set of the run's weights in its `suite.json`, beside the others'."
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    write_json(RunFolder(run_dir).suite, read_suite_scores(run_dir) | {weights: score})
+
+def read_suite_scores(run_dir) -> dict:
+    "The run's suite.json: weights ('best', 'start') -> held-out score; {} when none was scored."
+    d = read_json(RunFolder(run_dir).suite)
+    return d if isinstance(d, dict) else {}
+
 
 # %% ../nbs/08d_run_folder.ipynb #e11e6f9a
 def truncate_log(path:Path, step:int):

@@ -144,7 +144,7 @@ def _check_types(cls, over:dict):
 
 # %% ../nbs/08b_runs.ipynb #7c7110a6
 _SMOKE = dict(batch_size=1, grad_accum=1, seq_len=64, seq_curriculum=(), max_steps=2, warmup_steps=1, device='cpu', precision='fp32',
-              compile=False, log_interval=1, eval_batches=1)
+              compile=False, log_interval=1, eval_batches=1, suite_tasks=5, suite_k=2)
 _SMOKE_OBJECTIVE = dict(epochs=0.0, group_size=2, max_new_tokens=8, num_prompts=4)   # where the stage's objective has them
 
 def _names(cls) -> set[str]: return {f.name for f in fields(cls)} if cls else set()

@@ -44,6 +44,12 @@ def test_whole_chain_smoke_from_one_command(prepared_data, tmp_path):
     # the starting weights of a stage are the previous stage's final ones: stage2's first validation equals stage1b's last
     first = json.loads((pdir/'stage1b'/'status.json').read_text())['evals'][0]
     assert first['step'] == 0
+    import pandas as pd   # the held-out scores follow the weights: a smoke run's 5-task suite and the pretraining loss, every stage
+    csv = pd.read_csv(pdir/'pipeline.csv')
+    assert list(csv.suite_tasks) == [5] * len(names), csv.suite_tasks
+    for m in ('suite_pass1', 'suite_passk', 'pretrain_loss_128'):
+        assert csv[f'{m}_before'].notna().all() and csv[f'{m}_after'].notna().all(), m
+        assert list(csv[f'{m}_before'][1:]) == list(csv[f'{m}_after'][:-1]), m   # each set of weights scored once
 
 @pytest.mark.parametrize('stage', ['stage2', 'stage3', 'stage4'])
 def test_kill_9_inside_a_stage_resumes_exactly(prepared_data, tmp_path, stage):
