@@ -13,13 +13,12 @@ import numpy as np, pandas as pd
 
 from .tasks import unit_hash, _ARITH, _ARITH_NAMES
 from .sandbox import run_many
-from .objectives import chat_pieces, sample_prompts, completion_code
+from .objectives import chat_pieces, sample_prompts, completion_code, mean_se, binomial_se
 from .humaneval import pass_at_k
 
 # %% auto #0
 __all__ = ['TEMPLATES', 'FAMILIES', 'LEVELS', 'SPLITS', 'HELD_OUT_VALUES', 'Template', 'suite_tasks', 'task_program',
-           'grade_completions', 'binomial_se', 'mean_se', 'model_completer', 'SuiteScore', 'score_completer',
-           'score_suite']
+           'grade_completions', 'model_completer', 'SuiteScore', 'score_completer', 'score_suite']
 
 # %% ../nbs/11e_suite.ipynb #01eea0ab
 @dataclass(frozen=True)
@@ -289,16 +288,6 @@ def grade_completions(tasks:list, completions:list,  # per task, a list of code 
     out = [['empty'] * len(cs) for cs in completions]
     for (i, j, _), r in zip(flat, res): out[i][j] = r.status
     return out
-
-# %% ../nbs/11e_suite.ipynb #06679eb9
-def binomial_se(p:float, n:int) -> float:
-    "Standard error of a rate `p` measured on `n` independent 0/1 outcomes; nan for no outcomes."
-    return math.sqrt(p * (1 - p) / n) if n > 0 else float('nan')
-
-def mean_se(values) -> float:
-    "Standard error of the mean of `values` (sample standard deviation / √n); nan for fewer than two."
-    x = np.asarray(list(values), dtype=float)
-    return float(x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else float('nan')
 
 # %% ../nbs/11e_suite.ipynb #62795cc5
 def model_completer(model, tokenizer,
