@@ -163,18 +163,23 @@ def probe_summary(sweep_dir, conf:float=0.95) -> pd.DataFrame:
 
 # %% ../nbs/11d_sweep.ipynb #7628e7e1
 def plot_sweep(summary:pd.DataFrame, probes:pd.DataFrame|None=None, title:str='') -> Figure:
-    "Intervals drawn: loss per variant at equal tokens and FLOPs; probe accuracy against distance per variant."
+    "Intervals drawn: loss per variant and its paired difference from the baseline, at equal tokens and FLOPs; probe accuracy against distance per variant."
     kinds = list(dict.fromkeys(probes.kind)) if probes is not None and len(probes) else []
-    fig = Figure(figsize=(4.2 * (1 + len(kinds)), 3.4), layout='constrained')
-    axs = fig.subplots(1, 1 + len(kinds), squeeze=False)[0]
+    fig = Figure(figsize=(4.2 * (2 + len(kinds)), 3.4), layout='constrained')
+    axs = fig.subplots(1, 2 + len(kinds), squeeze=False)[0]
     x = np.arange(len(summary))
     for off, label in ((-0.12, 'equal_tokens'), (0.12, 'equal_flops')):
-        m = summary[f'{label}_mean']
+        m, d = summary[f'{label}_mean'], summary[f'{label}_diff'].where(summary[f'{label}_verdict'] != 'baseline')
         axs[0].errorbar(x + off, m, yerr=[m - summary[f'{label}_lo'], summary[f'{label}_hi'] - m], fmt='o', capsize=4,
                         label=label.replace('_', ' '))
+        axs[1].errorbar(x + off, d, yerr=[d - summary[f'{label}_diff_lo'], summary[f'{label}_diff_hi'] - d], fmt='o', capsize=4,
+                        label=label.replace('_', ' '))
     axs[0].set(xticks=x, xticklabels=summary.index, ylabel='validation loss', title=title or 'validation loss, 95% interval over seeds')
-    axs[0].legend(fontsize=8)
-    for ax, kind in zip(axs[1:], kinds):
+    axs[1].axhline(0, color='grey', ls=':')
+    axs[1].set(xticks=x, xticklabels=summary.index, ylabel=f"loss - {summary.attrs.get('baseline', 'baseline')}'s",
+               title='paired difference per seed, 95% interval')
+    for ax in axs[:2]: ax.legend(fontsize=8)
+    for ax, kind in zip(axs[2:], kinds):
         for v, g in probes[probes.kind == kind].groupby('variant', sort=False):
             ax.plot(g.distance, g['mean'], 'o-', label=v)
             ax.fill_between(g.distance, g.lo.fillna(g['mean']), g.hi.fillna(g['mean']), alpha=0.2)
