@@ -245,9 +245,10 @@ _GUARDED = dict(dropout=0.1), dict(early_stop_patience=5)   # the cloud seed's t
 _GUARDS = ('dropout 0.1 and early stopping after 5 validations without a better one (the cloud seed\'s threat matrix): '
            '{passes:.1f} passes over the built-in corpus')
 
-# From how many steps `torch.compile` pays back on each CPU preset: twice the break-even (first compile / per-step gain)
-# measured with the real trainer, bf16, 2 threads, on this kit's build machine (nbs/notes/compile_pays.py, compile-pays.md)
-CPU_COMPILE = dict(tiny=1500, small=1500, med=1500)  # PROVISIONAL
+# From how many steps `torch.compile` pays back on a CPU preset: a first compile's seconds / the per-step gain, with the
+# real trainer, bf16, 2 threads, on this kit's build machine (nbs/notes/compile_pays.py; compile-pays.md). tiny: 126 s /
+# (202.8 - 168.7 ms) = 3,690 steps, rounded up. small and med: not measured yet, tiny's number until they are.
+CPU_COMPILE = dict(tiny=4000, small=4000, med=4000)
 
 def _cpu(name, source, model, guarded=True, **train):
     t = TrainConfig(precision='auto', device='cpu', compile='auto', compile_min_steps=CPU_COMPILE[name],
