@@ -349,6 +349,8 @@ def compile_plan(t:TrainConfig, device:torch.device) -> tuple[bool, str]:
     if t.compile == 'auto' and t.max_steps < t.compile_min_steps:
         return False, (f"compile: off: {t.max_steps:,} steps, and on this preset compiling pays back from {t.compile_min_steps:,} "
                        "(--compile forces it)")
+    if t.compile == 'auto' and t.budget_hours is not None and t.budget_hours < 1:   # a first compile takes minutes of it
+        return False, f"compile: off: a {t.budget_hours:.2g}-hour budget is too short for compiling to pay back (--compile forces it)"
     if torch.device(device).type == 'cpu' and not cpp_compiler():
         return False, ("compile: off: torch.compile builds its CPU kernels with a C++ compiler, and none was found; training eager. "
                        "Fix: apt-get install g++ (or set CXX), or --no-compile")
