@@ -934,6 +934,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                               'fsi_nb.train._Loop.run': ('train.html#_loop.run', 'fsi_nb/train.py'),
                               'fsi_nb.train._check_resume': ('train.html#_check_resume', 'fsi_nb/train.py'),
                               'fsi_nb.train._console_line': ('train.html#_console_line', 'fsi_nb/train.py'),
+                              'fsi_nb.train._decide_compile': ('train.html#_decide_compile', 'fsi_nb/train.py'),
                               'fsi_nb.train._guard_run_dir': ('train.html#_guard_run_dir', 'fsi_nb/train.py'),
                               'fsi_nb.train._objective_and_model': ('train.html#_objective_and_model', 'fsi_nb/train.py'),
                               'fsi_nb.train._objective_spec': ('train.html#_objective_spec', 'fsi_nb/train.py'),

@@ -20,6 +20,7 @@ from .run_folder import RunFolder, read_status, read_json, write_json, load_run
 from .train import train
 from .compare import run_curves
 from .probes import probe_accuracy, model_chooser
+from .objectives import mean_se
 
 # %% auto #0
 __all__ = ['VARIANTS', 'Variant', 'variant_fields', 'mean_ci', 'paired_ci', 'SweepResult', 'run_sweep', 'score_probes',
@@ -60,7 +61,7 @@ def mean_ci(values, conf:float=0.95) -> dict:
     x = np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=float)
     n = len(x)
     if n == 0: return dict(n=0, mean=float('nan'), se=float('nan'), lo=float('nan'), hi=float('nan'))
-    se = float(x.std(ddof=1) / np.sqrt(n)) if n > 1 else float('nan')
+    se = mean_se(x)   # 08c's: one standard error for every metric of the kit
     half = float(stats.t.ppf(0.5 + conf / 2, n - 1)) * se if n > 1 else float('nan')
     return dict(n=n, mean=float(x.mean()), se=se, lo=float(x.mean()) - half, hi=float(x.mean()) + half)
 

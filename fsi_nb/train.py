@@ -358,6 +358,12 @@ def compile_plan(t:TrainConfig, device:torch.device) -> tuple[bool, str]:
     why = f"{t.max_steps:,} steps, and it pays back from {t.compile_min_steps:,}" if t.compile == 'auto' else 'asked for'
     return True, f"compile: on ({why}); the first steps compile, and later runs and resumes reuse the graphs cached in {cache_dir()}"
 
+def _decide_compile(spec:RunSpec, ranks:Ranks) -> TrainConfig:
+    "The run's TrainConfig with `compile` decided (so config.json and the checkpoints record it, and a resume compares it); the line said once."
+    compiled, why = compile_plan(spec.train, ranks.device)
+    if why and ranks.main: print(why, file=sys.stderr)
+    return replace(spec.train, compile=compiled)
+
 # %% ../nbs/09_train.ipynb #cd6a86c3
 def train(preset:str='tiny',          # a name in `fsi_nb.config.PRESETS`
           run_name:str|None=None,     # folder under runs_dir; None: the preset's name
@@ -377,9 +383,7 @@ def train(preset:str='tiny',          # a name in `fsi_nb.config.PRESETS`
     spec = resolve_run(preset, run_name, smoke=smoke, settings=settings, **overrides)
     spec.train = replace(spec.train, max_steps=cap(spec.train.max_steps))   # before the objective lays its schedule on the steps
     ranks = init_ranks(spec.device)               # torchrun's environment; a plain process is rank 0 of 1
-    compiled, why = compile_plan(spec.train, ranks.device)
-    spec.train = replace(spec.train, compile=compiled)   # the decision: in config.json and the checkpoint, so a resume compares it
-    if why and ranks.main: print(why, file=sys.stderr)
+    spec.train = _decide_compile(spec, ranks)     # once, recorded in the run
     spec.device = ranks.device                    # under torchrun on GPUs: this rank's own
     dev = spec.device
     _guard_run_dir(spec, resume, ranks.main)
