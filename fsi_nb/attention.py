@@ -138,6 +138,7 @@ def struct_attention(q, k, v, # (B, H, T, D), RoPE'd and QK-normed, GQA already 
 # %% ../nbs/06_attention.ipynb #2646fa82
 class AttentionState:
     "One layer's bounded generation state: local ring buffer, struct anchor buffer, Helix cache."
+    batch_dims = dict(local_k=0, local_v=0, anchor_k=0, anchor_v=0, anchor_depth=0)   # per-row tensors (and `helix`'s)
     def __init__(self, attn, batch:int, max_len:int, device=None, dtype=torch.float32):
         D, W, S = attn.head_dim, attn.window_size, attn.struct_lines
         kvl, kvs = attn.kv_range['local'], attn.kv_range['struct']
@@ -227,23 +228,24 @@ def init_state(self:HybridAttention, batch:int, max_len:int=2**20, device=None, 
 
 @patch
 def step(self:HybridAttention, x, # (B, 1, d_model): the token at position `pos`
-         pos, # long scalar tensor: its position
+         pos, # long (B,): each row's position (rows may differ); a scalar: all rows at one
          depth, anchor, # (B,) float depth and bool anchor of this token
          n_anchors, # (B,) long: anchors before this token
          rope, # (cos, sin), each (1, head_dim/2), the angles at `pos`
          state:AttentionState) -> torch.Tensor:
     "The streaming (generation) form: one token in, one out; updates `state` in place."
     B = x.shape[0]
+    pos = pos.reshape(-1).expand(B)
     q, k, v = self._qkv(x, *rope)                      # q (B, n_heads, 1, D); k, v (B, kv_heads, 1, D)
     out = []
     if self.local_heads:
         (lo, hi), (klo, khi) = self.head_range['local'], self.kv_range['local']
-        slot = (pos % self.window_size).view(1)
-        state.local_k.index_copy_(2, slot, k[:, klo:khi].to(state.local_k.dtype))
-        state.local_v.index_copy_(2, slot, v[:, klo:khi].to(state.local_v.dtype))
-        filled = torch.arange(self.window_size, device=x.device) <= pos  # ring slots written so far
+        slot = (pos % self.window_size).view(B, 1, 1, 1).expand(B, khi - klo, 1, self.head_dim)   # each row's ring slot
+        state.local_k.scatter_(2, slot, k[:, klo:khi].to(state.local_k.dtype))
+        state.local_v.scatter_(2, slot, v[:, klo:khi].to(state.local_v.dtype))
+        filled = torch.arange(self.window_size, device=x.device) <= pos[:, None]  # (B, W): ring slots written so far
         out.append(masked_attention(q[:, lo:hi], self._stored(state.local_k, 'local'),
-                                    self._stored(state.local_v, 'local'), filled[None]))
+                                    self._stored(state.local_v, 'local'), filled[:, None, None]))
     if self.struct_heads: out.append(self._struct_step(q, k, v, depth, anchor, n_anchors, state))
     if self.global_heads: out.append(state.helix.step(*self._kind(q, k, v, 'glob')))
     return self.wo(torch.cat(out, 1).transpose(1, 2).reshape(B, 1, -1))

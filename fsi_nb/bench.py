@@ -317,19 +317,36 @@ def bench_rl_sampling(preset:str='tiny',       # the model's shape (random weigh
                       group:int=8,             # samples per prompt (GRPO's group_size)
                       max_new_tokens:int=48,   # stage3b's on tiny
                       lengths=(20, 21, 22),    # prompt lengths, cycled (stage3b's on tiny)
+                      precision:str='bf16',    # the run's precision, which a GRPO step samples in (autocast)
                       warmup:int=1, iters:int=3) -> list[dict]:
-    "Samples/s of GRPO's sampling: the per-group loop (`sample_group`) against one batched generation per length (`sample_prompts`)."
+    "Samples/s of GRPO's sampling three ways: per group (`sample_group`), per prompt length (the design before), one generation (`sample_prompts`)."
     torch.manual_seed(0)
     model = FSIEdgeModel(get_preset(preset).model).eval()
     vocab, eot = model.cfg.vocab_size, 0
     ps = [torch.randint(1, vocab, (lengths[i % len(lengths)],)).tolist() for i in range(prompts)]
-    loop = lambda: [sample_group(model, p, group, max_new_tokens, 1.0, eot, seed=0, greedy=True) for p in ps]
-    batched = lambda: sample_prompts(model, ps, group, max_new_tokens, 1.0, eot, seed=0, greedy=True)
-    same = loop() == batched()
-    t_loop, t_batched = median_times([loop, batched], warmup=warmup, iters=iters)
+    amp = lambda f: f if precision == 'fp32' else (lambda: _in_bf16(f))
+    loop = amp(lambda: [sample_group(model, p, group, max_new_tokens, 1.0, eot, seed=0, greedy=True) for p in ps])
+    by_length = amp(lambda: _sample_by_length(model, ps, group, max_new_tokens, eot))
+    batched = amp(lambda: sample_prompts(model, ps, group, max_new_tokens, 1.0, eot, seed=0, greedy=True))
+    same = loop() == batched() == by_length()
+    t_loop, t_len, t_batched = median_times([loop, by_length, batched], warmup=warmup, iters=iters)
     n = prompts * group
-    return [dict(preset=preset, prompts=prompts, group=group, new_tokens=max_new_tokens, loop_samples_per_sec=n / t_loop,
-                 batched_samples_per_sec=n / t_batched, speedup=t_loop / t_batched, greedy_equal=same)]
+    return [dict(preset=preset, precision=precision, prompts=prompts, group=group, new_tokens=max_new_tokens, loop_samples_per_sec=n / t_loop,
+                 by_length_samples_per_sec=n / t_len, batched_samples_per_sec=n / t_batched,
+                 speedup=t_len / t_batched, speedup_vs_loop=t_loop / t_batched, greedy_equal=same)]
+
+def _in_bf16(f):
+    with torch.autocast('cpu', dtype=torch.bfloat16): return f()
+
+def _sample_by_length(model, prompts, n, max_new_tokens, eot) -> list:
+    "Greedy samples as `sample_prompts` drew them before rows had their own positions: one `generate` per prompt length (the baseline)."
+    out, by_len = [None] * len(prompts), {}
+    for i, p in enumerate(prompts): by_len.setdefault(len(p), []).append(i)
+    for L, idx in by_len.items():
+        rows = model.generate(torch.tensor([prompts[i] for i in idx for _ in range(n)]), max_new_tokens, greedy=True, stop_token=eot)[:, L:].tolist()
+        rows = [r[:r.index(eot) + 1] if eot in r else r for r in rows]
+        for k, i in enumerate(idx): out[i] = rows[k * n:(k + 1) * n]
+    return out
 
 # %% ../nbs/12_bench.ipynb #493c210a
 _NO_WORK = frozenset({'_unsafe_view', 'lift_fresh', 'empty', 'empty_strided', 'empty_like', 'new_empty', 'new_empty_strided', 'resize_',
@@ -501,7 +518,7 @@ def summary(res:dict) -> str:
             lines += [f"GPU {r['preset']} {'compiled' if r['compile'] else 'eager'}: {r['tokens_per_sec']:,.0f} tokens/s "
                       f"({r['tokens_per_sec'] / d['tokens_per_sec']:.2f}x dense), MFU {r['mfu']:.1%} of measured ({r['mfu_datasheet']:.1%} of datasheet), "
                       f"peak {r['peak_memory_gb']:.1f} GB (sizing predicts {r['predicted_memory_gb']:.1f})"]
-    if 'rl' in res: lines += ['RL sampling, batched/loop samples/s (target >= 3x at a GRPO step, 8 prompts x 8; greedy samples equal): ' + ', '.join(
+    if 'rl' in res: lines += ['RL sampling, one generation/one per prompt length samples/s (target >= 3x at a GRPO step, 8 prompts x 8; greedy samples equal): ' + ', '.join(
         f"{r['preset']} {r['prompts']}x{r['group']} {r['speedup']:.1f}x " + (ok(r['speedup'] >= 3 and r['greedy_equal']) if (r['prompts'], r['group']) == (8, 8)
         else f"(not judged{'' if r['greedy_equal'] else ', SAMPLES DIFFER'})") for r in res['rl'])]
     if 'loop' in res: lines += ['train loop overhead (target <= 5%): ' + ', '.join(f"{r['preset']} {r['overhead']:.1%} {ok(r['overhead'] <= 0.05)}" for r in res['loop'])]
@@ -513,7 +530,7 @@ _TITLES = dict(step='Training step (forward + backward + AdamW), eager: hybrid F
                helix='Helix parallel vs per-token loop, forward (targets: >= 10x at 512, >= 25x at 2048; flat us/token = linear)',
                moe=f'MoE layer forward+backward vs dense SwiGLU of the same active size (target ratio >= 0.6 at the {MOE_TARGET_SHAPE})',
                loop='fsi_nb.train loop overhead as a share of step time (target <= 5%)',
-               rl='RL sampling (GRPO step shape, greedy): one generate per prompt group vs one per prompt length (target >= 3x, samples equal)',
+               rl='RL sampling (GRPO step shape, greedy): per group, per prompt length (before), one generation (after); speedup = after/before (target >= 3x, samples equal)',
                ops='Operators per bf16 training step that do work (on a GPU, at least one kernel launch each): hybrid vs dense',
                gpu='GPU presets, bf16 training step at each preset\'s micro-batch and sequence (each model alone; MFU against the measured ceiling and the datasheet; memory measured vs fsi_nb.sizing)')
 

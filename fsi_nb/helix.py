@@ -172,6 +172,7 @@ def helix_attention(q:torch.Tensor, # (B, H, T, D) queries, RoPE'd and QK-normed
 # %% ../nbs/05_helix.ipynb #5fbd03b6
 class HelixCache:
     "Streaming Helix state for generation: a ring buffer of the window and one cluster slot per power of two."
+    batch_dims = dict(ring=1, slots=1, active=0, pos=0)   # each per-row tensor's batch axis; the rest is shared
     def __init__(self, batch:int, heads:int, head_dim:int, window_size:int,
                  max_len:int=2**20, # longest context the slots can count to
                  device=None, dtype=torch.float32):
@@ -180,8 +181,9 @@ class HelixCache:
         self.window_size, self.levels = window_size, math.ceil(math.log2(max(max_len, 2))) + 1
         self.ring = torch.zeros(2, batch, heads, window_size, head_dim, device=device, dtype=dtype)  # k, v by t % W
         self.slots = torch.zeros(2, batch, heads, self.levels, head_dim, device=device, dtype=dtype) # mean k, v of 2**j
-        self.active = torch.zeros(self.levels, dtype=torch.bool, device=device)
-        self.pos = torch.zeros((), dtype=torch.long, device=device)       # position of the next token
+        # per row, so rows at different positions (prompts of different lengths) share one batched generation
+        self.active = torch.zeros(batch, self.levels, dtype=torch.bool, device=device)  # slots holding a cluster
+        self.pos = torch.zeros(batch, dtype=torch.long, device=device)    # position of the next token
         self.bits = 2 ** torch.arange(self.levels, device=device)
         self.ring_pos = torch.arange(window_size, device=device)
         self.cluster_bias = torch.arange(self.levels, device=device, dtype=torch.float64) * math.log(2)
@@ -189,14 +191,14 @@ class HelixCache:
 # %% ../nbs/05_helix.ipynb #77499862
 @patch
 def _push(self:HelixCache, t, leaving):
-    "Carry the token leaving the window (position t - W) into the cluster slots, if t >= W."
+    "Carry the token leaving the window (position t - W) into the cluster slots, in each row where t >= W (`t`: (B,))."
     W = self.window_size
     carries = [leaving]                                               # carry at level j: slots 0..j-1 merged in
     for j in range(self.levels - 1): carries.append((self.slots[:, :, :, j] + carries[-1]) / 2)
-    n = (t - W).clamp(min=0)                                          # tokens in the slots before the push
-    place = ((~n & (n + 1)) == self.bits) & (t >= W)                  # the lowest empty level takes the carry
-    self.slots.copy_(torch.where(place[:, None], torch.stack(carries, 3), self.slots))
-    self.active.copy_((n + (t >= W).long()) & self.bits != 0)
+    n, full = (t - W).clamp(min=0)[:, None], (t >= W)[:, None]       # (B, 1): tokens in the slots before the push
+    place = ((~n & (n + 1)) == self.bits) & full                      # (B, levels): the lowest empty level takes the carry
+    self.slots.copy_(torch.where(place[None, :, None, :, None], torch.stack(carries, 3), self.slots))
+    self.active.copy_((n + full.long()) & self.bits != 0)
 
 # %% ../nbs/05_helix.ipynb #a48e9ae9
 @patch
@@ -204,15 +206,16 @@ def step(self:HelixCache, q:torch.Tensor, # (B, H, 1, D) query of the new token
          k:torch.Tensor, v:torch.Tensor # (B, H, 1, D) its key and value
         ) -> torch.Tensor: # (B, H, 1, D)
     "Attend from the next token over the window and the active clusters, then advance."
-    t, W = self.pos, self.window_size
-    slot = (t % W).view(1)
-    self._push(t, self.ring.index_select(3, slot).squeeze(3))
-    self.ring.index_copy_(3, slot, torch.stack([k, v]).to(self.ring.dtype))
-    mask = torch.cat([torch.where(self.ring_pos <= t, 0.0, -math.inf).to(q.dtype),
-                      torch.where(self.active, self.cluster_bias, -math.inf).to(q.dtype)])
+    t, W = self.pos, self.window_size                                  # t: (B,), each row's own position
+    _, B, H, _, D = self.ring.shape
+    slot = (t % W).view(1, B, 1, 1, 1).expand(2, B, H, 1, D)          # each row's ring slot
+    self._push(t, self.ring.gather(3, slot).squeeze(3))
+    self.ring.scatter_(3, slot, torch.stack([k, v]).to(self.ring.dtype))
+    mask = torch.cat([torch.where(self.ring_pos <= t[:, None], 0.0, -math.inf).to(q.dtype),
+                      torch.where(self.active, self.cluster_bias, -math.inf).to(q.dtype)], 1)   # (B, W + levels)
     keys, values = torch.cat([self.ring, self.slots], 3).to(q.dtype).unbind(0)
     self.pos.add_(1)
-    return masked_attention(q, keys, values, mask.view(1, 1, 1, -1))
+    return masked_attention(q, keys, values, mask[:, None, None])
 
 # %% ../nbs/05_helix.ipynb #2739d5f0
 @patch

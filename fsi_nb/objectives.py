@@ -257,17 +257,12 @@ def sample_group(model, prompt:list[int], n:int, max_new_tokens:int, temperature
 
 def sample_prompts(model, prompts:list, n:int, max_new_tokens:int, temperature:float, eot:int, seed:int,
                    greedy:bool=False, max_rows:int=512) -> list[list[list[int]]]:
-    "`n` completions of each prompt: one batched generation per prompt length (at most `max_rows` rows), in lock-step, stopping once all have ended."
-    dev, out, by_len = next(model.parameters()).device, [None] * len(prompts), {}
-    for i, p in enumerate(prompts): by_len.setdefault(len(p), []).append(i)   # the streaming state has one position for all rows
-    per = max(1, max_rows // n)
-    for (L, same), k0 in ((x, k) for x in sorted(by_len.items()) for k in range(0, len(x[1]), per)):
-        idx = same[k0:k0 + per]
-        x = torch.tensor([prompts[i] for i in idx for _ in range(n)], device=dev)
-        g = torch.Generator(device=dev).manual_seed((seed * 1_000_003 + L * 1009 + k0) % 2**63)
-        rows = model.generate(x, max_new_tokens, temperature=temperature, greedy=greedy, generator=g, stop_token=eot)[:, L:].tolist()
-        rows = [r[:r.index(eot) + 1] if eot in r else r for r in rows]
-        for k, i in enumerate(idx): out[i] = rows[k * n:(k + 1) * n]
+    "`n` completions of each prompt: every prompt × sample in one batched generation (`generate_ragged`, at most `max_rows` rows at once)."
+    dev, out, per = next(model.parameters()).device, [], max(1, max_rows // n)
+    for k0 in range(0, len(prompts), per):
+        g = torch.Generator(device=dev).manual_seed((seed * 1_000_003 + k0) % 2**63)
+        out += model.generate_ragged(prompts[k0:k0 + per], n, max_new_tokens, temperature=temperature, greedy=greedy,
+                                     generator=g, stop_token=eot)
     return out
 
 def completion_batch(prompts:list, completions:list, pad_id:int, device) -> dict:
@@ -353,7 +348,8 @@ def batch(self:GRPO, step, micro, model):
     rng = np.random.default_rng([t.seed, 11, step, micro])
     recs = [self.prompts['train'][i] for i in rng.choice(len(self.prompts['train']), size=t.batch_size)]
     t0, ps = time.perf_counter(), [self.prompt_ids(r) for r in recs]
-    groups = sample_prompts(model, ps, o.group_size, o.max_new_tokens, o.temperature, self.special['<|endoftext|>'], seed=int(rng.integers(2**62)))
+    with autocast_context(self.device, t.precision):   # in the run's precision, as its validation samples
+        groups = sample_prompts(model, ps, o.group_size, o.max_new_tokens, o.temperature, self.special['<|endoftext|>'], seed=int(rng.integers(2**62)))
     prompts, comps = [p for p, g in zip(ps, groups) for _ in g], [c for g in groups for c in g]
     sampled = time.perf_counter() - t0
     rewards = torch.tensor(self.rewards([r for r in recs for _ in range(o.group_size)], comps)).view(t.batch_size, o.group_size)
@@ -449,7 +445,8 @@ def _make_pairs(self:DPO, model, recs, seed) -> dict:
     o = self.ocfg
     prompts, chosen, rejected, from_ref = [], [], [], 0
     ps = [self.tok.encode(chat_pieces(rec)[0]).ids for rec in recs]
-    groups = sample_prompts(model, ps, o.group_size, o.max_new_tokens, o.temperature, eot, seed=seed)   # every prompt at once
+    with autocast_context(self.device, t.precision):   # every prompt at once, in the run's precision
+        groups = sample_prompts(model, ps, o.group_size, o.max_new_tokens, o.temperature, eot, seed=seed)
     progs = [[completion_code(self.tok.decode(c, skip_special_tokens=False)) for c in g] for g in groups]
     runs = _record_sandbox(self, run_many([(pr, rec['tests']) for rec, g in zip(recs, progs) for pr in g], workers=os.cpu_count() or 1))
     for i, (rec, p, samples) in enumerate(zip(recs, ps, groups)):

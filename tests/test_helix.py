@@ -83,7 +83,7 @@ def test_streaming_slots_equal_pyramid_bitwise():
     other = HelixCache(1, 2, 8, W, max_len=512)
     other.prefill(q, k, v)                       # reads the slots out of the parallel pyramid
     assert torch.equal(cache.active, other.active)
-    assert torch.equal(cache.slots[:, :, :, cache.active], other.slots[:, :, :, other.active])   # empty slots: stale
+    assert torch.equal(cache.slots[:, :, :, cache.active[0]], other.slots[:, :, :, other.active[0]])   # empty slots: stale (batch of one)
     assert torch.equal(cache.ring, other.ring) and int(cache.pos) == int(other.pos) == T
 
 
