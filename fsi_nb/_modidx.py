@@ -498,6 +498,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'fsi_nb.objectives.SFT.record_kinds': ('objectives.html#sft.record_kinds', 'fsi_nb/objectives.py'),
                                    'fsi_nb.objectives.SFT.records': ('objectives.html#sft.records', 'fsi_nb/objectives.py'),
                                    'fsi_nb.objectives.SFT.steps': ('objectives.html#sft.steps', 'fsi_nb/objectives.py'),
+                                   'fsi_nb.objectives.SFT.tokens': ('objectives.html#sft.tokens', 'fsi_nb/objectives.py'),
                                    'fsi_nb.objectives.SFTReasoning': ('objectives.html#sftreasoning', 'fsi_nb/objectives.py'),
                                    'fsi_nb.objectives._dpo_margin': ('objectives.html#_dpo_margin', 'fsi_nb/objectives.py'),
                                    'fsi_nb.objectives._outcome_se': ('objectives.html#_outcome_se', 'fsi_nb/objectives.py'),

@@ -179,8 +179,10 @@ class SFTConfig:
     epochs: float = 0.0                # passes over the records, which sets max_steps; 0 = use max_steps
     tasks: str = 'coldstart'           # the prompts: 'coldstart' (the prepared records), 'arith' (a family a tiny model learns), or 'coldstart+arith'
     kinds: tuple = ()                  # record kinds to train on, of 'code', 'math', 'explain'; (): the objective's own
+    replay: float = 0.0                # share of each batch's rows that are pretraining windows (the final mix), against forgetting
     def __post_init__(self):
         self.kinds = tuple(self.kinds)
+        _check(0 <= self.replay < 1, 'replay', self.replay, 'must be in [0, 1)', 'use e.g. 0.25 (a quarter of the rows), or 0 for none')
         _check(self.epochs >= 0, 'epochs', self.epochs, 'must not be negative', 'set epochs >= 0 (0: use max_steps)')
         _check(set(self.kinds) <= {'code', 'math', 'explain'}, 'kinds', self.kinds, 'unknown record kind', "use some of 'code', 'math', 'explain'")
 

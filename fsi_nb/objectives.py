@@ -187,6 +187,9 @@ class SFT(Objective):
         if len(self.rows['train'][0]) == 0:
             raise ValueError(f"{self.data_dir} has no training records for {type(self).__name__} (kinds {self.record_kinds}). Fix: prepare "
                              "with the coldstart source (settings.ini corpus_sources).")
+        t, r = self.cfg, self.ocfg.replay   # replay: r of the rows are pretraining windows, added to the batch's records
+        self.replay_rows = round(t.batch_size * r / (1 - r)) if r else 0
+        self.replay = Batcher(self.data_dir, 'train', seed=t.seed + 1, mix=FINAL_MIX, verify=False) if self.replay_rows else None
 
     def records(self, split:str) -> list[dict]:
         return task_records(self.data_dir, self.ocfg.tasks, split, self.record_kinds)
@@ -212,7 +215,10 @@ class SFT(Objective):
         for g in range(first, first + t.batch_size):   # row g of the stream: epoch g // R, its shuffled position g % R
             epoch, pos = divmod(g, len(x))
             idx.append(int(self._order(epoch)[pos]))
-        return dict(input_ids=x[idx].to(self.device), labels=y[idx].to(self.device))
+        b = dict(input_ids=x[idx].to(self.device), labels=y[idx].to(self.device))
+        if self.replay is not None:   # windows of general text, a pure function of (step, micro) as the records are
+            b['replay'] = {k: v.to(self.device) for k, v in self.replay.get_batch(step, micro, self.replay_rows, t.seq_len).items()}
+        return b
 
     def _order(self, epoch:int) -> np.ndarray:
         "The rows' order in `epoch`: a pure function of the seed and the epoch."
@@ -222,7 +228,12 @@ class SFT(Objective):
 
     def loss(self, model, batch):
         out = model(input_ids=batch['input_ids'], labels=batch['labels'], return_logits=False)
-        return out.loss, dict(routing=out.routing)
+        if 'replay' not in batch: return out.loss, dict(routing=out.routing)
+        rep = model(input_ids=batch['replay']['input_ids'], labels=batch['replay']['labels'], return_logits=False)
+        r = self.replay_rows / (self.replay_rows + batch['input_ids'].shape[0])   # each part weighted by its share of the rows
+        return (1 - r) * out.loss + r * rep.loss, dict(routing=out.routing, replay_loss=float(rep.aux['lm_loss'].detach()))
+
+    def tokens(self, batch): return int(batch['input_ids'].numel() + (batch['replay']['input_ids'].numel() if 'replay' in batch else 0))
 
 class SFTReasoning(SFT):
     "`stage2b`: cold-start reasoning, `<|thought|>` ... `<|answer|>`/`<|code|>`, with the loss on thought and answer."

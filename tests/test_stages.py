@@ -187,3 +187,28 @@ def test_a_pipeline_that_runs_model_code_without_isolation_is_refused_before_it_
                         '--runs-dir', str(tmp_path), '--max-steps', '2', '--no-progress'], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 2 and 'refusing to run model-written code with no isolation' in r.stderr and 'apt-get install bubblewrap' in r.stderr, r.stderr[-2000:]
     assert not (tmp_path/'tiny-pipeline'/'stage1'/'checkpoints').exists()   # nothing trained
+
+def test_sft_replay_mixes_pretraining_windows_at_its_share(prepared_data, tmp_path):
+    "replay=0.2: 2 pretraining windows beside 8 records, the same for a (step, micro) every time; the loss weighs each part by its rows."
+    from fsi_nb.runs import resolve_run
+    from fsi_nb.objectives import make_objective
+    from fsi_nb.model import FSIEdgeModel
+    spec = resolve_run('tiny', 'x', stage='stage2', init_from='scratch', data_dir=prepared_data, runs_dir=tmp_path,
+                       batch_size=8, seq_len=64, replay=0.2, d_model=32)
+    obj = make_objective(spec, prepared_data)
+    b = obj.batch(3, 0)
+    assert b['input_ids'].shape == (8, 64) and b['replay']['input_ids'].shape == (2, 64)
+    assert (b['replay']['labels'] != -100).float().mean() > 0.9              # general text: the loss on (nearly) every token
+    assert torch.equal(obj.batch(3, 0)['replay']['input_ids'], b['replay']['input_ids'])
+    assert not torch.equal(obj.batch(4, 0)['replay']['input_ids'], b['replay']['input_ids'])
+    torch.manual_seed(0)
+    model = FSIEdgeModel(spec.model)
+    loss, m = obj.loss(model, b)
+    sft = model(input_ids=b['input_ids'], labels=b['labels']).loss
+    lm = model(input_ids=b['replay']['input_ids'], labels=b['replay']['labels']).loss
+    torch.testing.assert_close(loss, 0.8 * sft + 0.2 * lm, rtol=1e-5, atol=0)
+    assert abs(m['replay_loss'] - lm.item()) < 1e-4 * lm.item() and obj.tokens(b) == 10 * 64
+    plain = make_objective(resolve_run('tiny', 'y', stage='stage2', init_from='scratch', data_dir=prepared_data, runs_dir=tmp_path,
+                                       batch_size=8, seq_len=64, d_model=32), prepared_data)
+    assert 'replay' not in plain.batch(3, 0) and torch.equal(plain.batch(3, 0)['input_ids'], b['input_ids'])   # the records unchanged
+    with pytest.raises(ValueError, match='Fix'): resolve_run('tiny', 'z', stage='stage2', replay=1.0, data_dir=prepared_data, runs_dir=tmp_path)
