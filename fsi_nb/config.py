@@ -197,8 +197,10 @@ class GRPOConfig:
     clip_eps: float = 0.2              # the ratio's clip range
     kl_coef: float = 0.0               # weight of the KL to the frozen reference (0 = none)
     num_prompts: int = 256             # held-out prompts per validation (at most)
+    resample_rounds: int = 0           # dynamic sampling (DAPO): up to this many more draws of prompts to replace groups whose samples all score alike
     def __post_init__(self):
         _positive(self, 'group_size', 'max_new_tokens', 'num_prompts')
+        _check(self.resample_rounds >= 0, 'resample_rounds', self.resample_rounds, 'must not be negative', 'use 0 (off) or e.g. 2')
         _check(self.temperature > 0, 'temperature', self.temperature, 'must be positive', 'use e.g. 1.0')
         _check(0 < self.clip_eps < 1, 'clip_eps', self.clip_eps, 'must be in (0, 1)', 'use e.g. 0.2')
         _check(self.kl_coef >= 0, 'kl_coef', self.kl_coef, 'must not be negative', 'set kl_coef >= 0 (0 switches it off)')
@@ -355,11 +357,12 @@ STAGES = {s.name: s for s in [
           seeds='CPU seed: 5K-10K steps. Here 500 (tiny: 200): a tenth of the presets\' pretraining steps, as the seed\'s 5K-10K is of its 100K; '
                 'raise it with --set stage1b.max_steps=N'),
     Stage('stage2', 'sft', 'instruction records (code tasks, explain-this-code); loss on the answer only', 'stage1b', _SFT,
-          presets=dict(tiny=dict(lr=3e-3, epochs=6.0, tasks='coldstart+arith', eval_interval=200)),
-          seeds='seed numbers (lr 1e-5, 3 epochs) on every preset but tiny: lr 3e-3, 6 epochs, measured in 09a (at 1e-5 tiny learns no reply format)'),
+          presets=dict(tiny=dict(lr=3e-3, epochs=6.0, tasks='coldstart+arith', eval_interval=200, replay=0.2)),
+          seeds='seed numbers (lr 1e-5, 3 epochs) on every preset but tiny: lr 3e-3, 6 epochs, measured in 09a (at 1e-5 tiny learns no reply format); '
+                'tiny replays pretraining windows as a fifth of its rows, which at that lr keeps its general text (09a)'),
     Stage('stage2b', 'sft_reasoning', 'cold-start reasoning records; loss on thought and answer', 'stage2', _SFT,
-          presets=dict(tiny=dict(lr=1e-3, epochs=2.0, tasks='coldstart+arith', eval_interval=200)),
-          seeds='seed numbers (3 epochs, SFT\'s lr) on every preset but tiny: lr 1e-3, 2 epochs (09a)'),
+          presets=dict(tiny=dict(lr=1e-3, epochs=2.0, tasks='coldstart+arith', eval_interval=200, replay=0.2)),
+          seeds='seed numbers (3 epochs, SFT\'s lr) on every preset but tiny: lr 1e-3, 2 epochs, replay 0.2 (09a)'),
     Stage('stage3', 'grpo_format', 'RL on record prompts; reward: structural tokens present and in order', 'stage2b', _RL,
           presets=dict(tiny=dict(lr=3e-4, max_steps=40, tasks='coldstart+arith', max_new_tokens=88, num_prompts=32, eval_interval=10)),
           seeds='the seeds name MCPO and describe only group rewards from structure (CPU) or execution (GPU); the kit trains GRPO '

@@ -354,23 +354,33 @@ def rewards(self:GRPO, recs:list[dict], completions:list[list[int]]) -> list[flo
 # %% ../nbs/08c_objectives.ipynb #6799b0ee
 @patch
 def batch(self:GRPO, step, micro, model):
-    t = self.cfg
-    o = self.ocfg
+    t, o = self.cfg, self.ocfg
     rng = np.random.default_rng([t.seed, 11, step, micro])
-    recs = [self.prompts['train'][i] for i in rng.choice(len(self.prompts['train']), size=t.batch_size)]
-    t0, ps = time.perf_counter(), [self.prompt_ids(r) for r in recs]
-    with autocast_context(self.device, t.precision):   # in the run's precision, as its validation samples
-        groups = sample_prompts(model, ps, o.group_size, o.max_new_tokens, o.temperature, self.special['<|endoftext|>'], seed=int(rng.integers(2**62)))
+    t0, mixed, alike, every, drawn, sample_s = time.perf_counter(), [], [], [], 0, 0.0
+    for rnd in range(1 + o.resample_rounds):   # dynamic sampling: a group whose samples all score alike has no advantage to learn from
+        recs = [self.prompts['train'][i] for i in rng.choice(len(self.prompts['train']), size=t.batch_size)]
+        ps, s0 = [self.prompt_ids(r) for r in recs], time.perf_counter()
+        with autocast_context(self.device, t.precision):   # in the run's precision, as its validation samples
+            groups = sample_prompts(model, ps, o.group_size, o.max_new_tokens, o.temperature, self.special['<|endoftext|>'], seed=int(rng.integers(2**62)))
+        sample_s, drawn = sample_s + time.perf_counter() - s0, drawn + len(recs)
+        rs = self.rewards([r for r in recs for _ in range(o.group_size)], [c for g in groups for c in g])
+        every += rs
+        for group in zip(recs, ps, groups, (rs[i:i + o.group_size] for i in range(0, len(rs), o.group_size))):
+            (mixed if o.resample_rounds == 0 or len(set(group[3])) > 1 else alike).append(group)
+        if len(mixed) >= t.batch_size: break
+    chosen = (mixed + alike)[:t.batch_size]   # the informative groups first, filled up with the others
+    recs, ps, groups, rs = zip(*chosen)
     prompts, comps = [p for p, g in zip(ps, groups) for _ in g], [c for g in groups for c in g]
-    sampled = time.perf_counter() - t0
-    rewards = torch.tensor(self.rewards([r for r in recs for _ in range(o.group_size)], comps)).view(t.batch_size, o.group_size)
+    rewards = torch.tensor(rs, dtype=torch.float32)
     b = completion_batch(prompts, comps, self.special['<|pad|>'], self.device)
     b['advantages'] = group_advantages(rewards).view(-1).to(self.device)
     with torch.no_grad(), autocast_context(self.device, t.precision):
         b['old_logprobs'] = sequence_logprobs(model, b)[0].float()
         if self.ref is not None: b['ref_logprobs'] = sequence_logprobs(self.ref, b)[0].float()
     b['stats'] = dict(reward=float(rewards.mean()), reward_std=float(rewards.std(-1, unbiased=False).mean()),
-                      completion_tokens=sum(map(len, comps)) / len(comps), samples_per_sec=len(comps) / max(sampled, 1e-9))
+                      completion_tokens=sum(map(len, comps)) / len(comps), samples_per_sec=drawn * o.group_size / max(sample_s, 1e-9),
+                      informative=float((rewards.std(-1) > 0).float().mean()), prompts_drawn=drawn,
+                      reward_drawn=sum(every) / len(every), batch_s=time.perf_counter() - t0)   # reward_drawn: before the choice of groups
     return b
 
 # %% ../nbs/08c_objectives.ipynb #fc2408eb

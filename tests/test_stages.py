@@ -212,3 +212,27 @@ def test_sft_replay_mixes_pretraining_windows_at_its_share(prepared_data, tmp_pa
                                        batch_size=8, seq_len=64, d_model=32), prepared_data)
     assert 'replay' not in plain.batch(3, 0) and torch.equal(plain.batch(3, 0)['input_ids'], b['input_ids'])   # the records unchanged
     with pytest.raises(ValueError, match='Fix'): resolve_run('tiny', 'z', stage='stage2', replay=1.0, data_dir=prepared_data, runs_dir=tmp_path)
+
+def test_grpo_dynamic_sampling_replaces_groups_that_score_alike(prepared_data, tmp_path):
+    "resample_rounds=2: groups whose samples all score alike are replaced by fresh prompts' mixed groups, up to two more draws; 0: the batch as drawn."
+    from fsi_nb.runs import resolve_run
+    from fsi_nb.objectives import make_objective
+    from fsi_nb.model import FSIEdgeModel
+    def objective(rounds):
+        spec = resolve_run('tiny', f'g{rounds}', stage='stage3', init_from='scratch', data_dir=prepared_data, runs_dir=tmp_path,
+                           batch_size=4, group_size=4, max_new_tokens=4, resample_rounds=rounds, d_model=32, precision='fp32')
+        obj = make_objective(spec, prepared_data)
+        train = obj.prompts['train']
+        learnable = {r['prompt'] for r in train[::2]}   # half the prompts: samples score by their first token's parity; the rest all 0
+        obj.rewards = lambda recs, comps: [float(r['prompt'] in learnable and c[0] % 2) for r, c in zip(recs, comps)]
+        return obj, learnable, spec
+    (plain, learnable, spec), (dyn, _, _) = objective(0), objective(2)
+    torch.manual_seed(0)
+    model = FSIEdgeModel(spec.model)
+    a, b = plain.batch(0, 0, model), dyn.batch(0, 0, model)
+    assert a['stats']['prompts_drawn'] == 4 and a['input_ids'].shape[0] == b['input_ids'].shape[0] == 16
+    assert b['stats']['informative'] > a['stats']['informative'] and b['stats']['prompts_drawn'] > 4
+    assert b['stats']['informative'] == 1.0 or b['stats']['prompts_drawn'] == 12   # all mixed, or every draw spent
+    assert (b['advantages'].view(4, 4).abs().sum(-1) > 0).float().mean() == b['stats']['informative']
+    c = dyn.batch(0, 0, model)
+    assert torch.equal(c['input_ids'], b['input_ids']) and torch.equal(c['advantages'], b['advantages'])   # a pure function of (step, micro, weights)
