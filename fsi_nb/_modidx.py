@@ -126,6 +126,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                             'fsi_nb.cli.train_parser': ('cli.html#train_parser', 'fsi_nb/cli.py')},
             'fsi_nb.compare': { 'fsi_nb.compare.compare_table': ('compare.html#compare_table', 'fsi_nb/compare.py'),
                                 'fsi_nb.compare.eval_columns': ('compare.html#eval_columns', 'fsi_nb/compare.py'),
+                                'fsi_nb.compare.held_out_columns': ('compare.html#held_out_columns', 'fsi_nb/compare.py'),
                                 'fsi_nb.compare.plot_comparison': ('compare.html#plot_comparison', 'fsi_nb/compare.py'),
                                 'fsi_nb.compare.run_config': ('compare.html#run_config', 'fsi_nb/compare.py'),
                                 'fsi_nb.compare.run_curves': ('compare.html#run_curves', 'fsi_nb/compare.py')},

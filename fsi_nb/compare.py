@@ -15,10 +15,10 @@ from matplotlib.figure import Figure
 from .config import FSIEdgeConfig
 from .sizing import count_params, flops_per_token
 from .dashboard import read_log
-from .run_folder import RunConfig, read_config, read_status, read_eval
+from .run_folder import RunConfig, read_config, read_status, read_eval, read_suite_scores
 
 # %% auto #0
-__all__ = ['run_config', 'run_curves', 'eval_columns', 'compare_table', 'plot_comparison']
+__all__ = ['run_config', 'run_curves', 'eval_columns', 'held_out_columns', 'compare_table', 'plot_comparison']
 
 # %% ../nbs/11b_compare.ipynb #54831580
 def run_config(run) -> tuple[FSIEdgeConfig, RunConfig]:
@@ -55,7 +55,14 @@ def eval_columns(ev:dict) -> dict:
         cols |= {f"{c['category']}_loss": c.get('loss'), f"{c['category']}_bits_per_byte": c.get('bits_per_byte')}
     if fim := ev.get('fim'): cols['fim_exact_match'] = fim.get('exact_match')
     if he := ev.get('humaneval'): cols |= {f'humaneval_{k}': v for k, v in (he.get('pass_at') or {}).items()}
-    return cols
+    return cols | held_out_columns(ev)
+
+_HELD_OUT_KEYS = ('suite_tasks', 'suite_k', 'suite_pass1', 'suite_pass1_se', 'suite_passk', 'suite_passk_se',
+                  'pretrain_loss_128', 'pretrain_loss_128_se')
+
+def held_out_columns(score:dict) -> dict:
+    "The held-out suite's overall numbers and the pretraining loss at 128, with their errors, from an eval.json or a suite.json score."
+    return {k: score[k] for k in _HELD_OUT_KEYS if score.get(k) is not None}
 
 # %% ../nbs/11b_compare.ipynb #a7d36432
 def compare_table(runs:list, curves:pd.DataFrame|None=None) -> pd.DataFrame:
@@ -73,7 +80,8 @@ def compare_table(runs:list, curves:pd.DataFrame|None=None) -> pd.DataFrame:
                    train_flops=float(c['flops'].max()), hours=float(c['hours'].max()),
                    final_loss=float(c['loss'].iloc[-1]), final_val_loss=float(val.iloc[-1]) if len(val) else None,
                    best_val_loss=float(val.min()) if len(val) else None)
-        rows.append(row | eval_columns(read_eval(run)))
+        # a pipeline stage's held-out score of its best weights (suite.json), unless its own evaluation scored the suite
+        rows.append(row | held_out_columns(read_suite_scores(run).get('best', {})) | eval_columns(read_eval(run)))
     return pd.DataFrame(rows).set_index('run')
 
 # %% ../nbs/11b_compare.ipynb #64ad1129

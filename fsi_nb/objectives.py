@@ -65,8 +65,12 @@ def mean_se(values,        # one number per independent unit: a batch, a prompt,
 
 # %% ../nbs/08c_objectives.ipynb #7f172ba2
 def binomial_se(p:float, n:int) -> float:
-    "Standard error of a rate `p` measured on `n` independent 0/1 outcomes (a pass rate, an accuracy); nan for no outcomes."
-    return math.sqrt(p * (1 - p) / n) if n > 0 else float('nan')
+    """Standard error of a rate `p` measured on `n` independent 0/1 outcomes (a pass rate, an accuracy); nan for no outcomes.
+    Agresti and Coull's: two passes and two failures added, so a rate of 0 or 1 from a finite sample keeps an error
+    (the plain `sqrt(p(1-p)/n)` is 0 there, and would call any change from 0 of 15 "beyond noise")."""
+    if n <= 0: return float('nan')
+    q = (p * n + 2) / (n + 4)
+    return math.sqrt(q * (1 - q) / (n + 4))
 
 
 # %% ../nbs/08c_objectives.ipynb #882f1238
