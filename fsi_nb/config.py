@@ -372,9 +372,9 @@ STAGES = {s.name: s for s in [
           seeds='GRPO for the seeds\' MCPO, as stage3; rewards from the sandbox. Seed: 500-2,000 steps (GPU target 20K); here 500 (tiny: 60)'),
     Stage('stage4', 'dpo', 'pairs from execution results: a passing and a failing sample of one prompt', 'stage3b',
           dict(lr=5e-7, min_lr=5e-8, epochs=1.0, warmup_steps=5, dpo_beta=0.1),
-          presets=dict(tiny=dict(lr=1e-5, epochs=3.0, batch_size=8, tasks='arith', max_new_tokens=48, num_prompts=512, eval_interval=20)),
+          presets=dict(tiny=dict(lr=1e-4, min_lr=1e-5, epochs=3.0, batch_size=8, tasks='arith', max_new_tokens=48, num_prompts=512, eval_interval=20)),
           seeds='seed: 1,000-5,000 steps at lr 5e-7. Here epochs over the pairs the previous stage\'s model yields (a fixed step count would '
-                'repeat a few pairs hundreds of times); tiny: lr 1e-5, since 5e-7 leaves the margin at 0 (09a)'),
+                'repeat a few pairs hundreds of times); tiny: lr 1e-4 and 512 prompts, measured against 1e-5 and 1e-3 (09a)'),
     Stage('stage5', 'next_token', 'final data mix at a longer context (CPU: up to 512 tokens; GPU: twice the preset\'s) with RoPE base 1e6', 'stage4',
           dict(max_steps=500, warmup_steps=25), dict(rope_base=1e6), data_mix=FINAL_MIX, presets=dict(tiny=dict(max_steps=300, eval_interval=100)),
           long_context=True, seeds='CPU seed: 128 -> 256 -> 512 (its practical limit), kept on the CPU presets; the cloud seed gives no '
