@@ -15,7 +15,7 @@ from .sandbox import check_records
 # %% auto #0
 __all__ = ['SYNTHETIC_LANGS', 'log', 'COLDSTART_KEYS', 'TASK_FAMILIES', 'Doc', 'unit_hash', 'synthetic_code', 'coldstart_text',
            'coldstart_tasks', 'run_tests', 'load_coldstart', 'load_records', 'explain_tasks', 'explain_records',
-           'arith_tasks', 'suite_training_tasks', 'task_records']
+           'arith_tasks', 'task_records']
 
 # %% ../nbs/03a_tasks.ipynb #a03a0007
 @dataclass
@@ -392,31 +392,17 @@ def arith_tasks(n:int=2000, seed:int=0) -> list[dict]:
                         entry_point=name, tests=[f"assert {name}({x}) == {fn(x, k)}" for x in xs], split=split))
     return out
 
-# %% ../nbs/03a_tasks.ipynb #5f602295
-import functools
-
-def suite_training_tasks(per_template:int=64) -> list[dict]:
-    """The held-out suite's *training* templates (`fsi_nb.suite`, 30 of its 45) as records, a tenth of each template's
-    values kept for validation: the suite's held-out templates and values never appear here."""
-    return [dict(r) for r in _suite_training(per_template)]
-
-@functools.lru_cache(maxsize=2)   # seconds to render: once per process
-def _suite_training(per_template:int) -> tuple:
-    from fsi_nb.suite import suite_tasks   # a later notebook's module, imported only when a stage asks for these tasks
-    return tuple(dict(r, split='val' if unit_hash(r['id']) < 0.1 else 'train') for r in suite_tasks('train', per_template=per_template))
-
 # %% ../nbs/03a_tasks.ipynb #0497d84a
-TASK_FAMILIES = ('coldstart', 'arith', 'suite')
+TASK_FAMILIES = ('coldstart', 'arith')
 
 def task_records(data_dir, tasks:str, split:str, kinds=('code', 'math', 'explain')) -> list[dict]:
     "The records of `split` for a record stage: `tasks` names families from `TASK_FAMILIES`, joined by '+' for a mix."
     families = tasks.split('+')
     if any(f not in TASK_FAMILIES for f in families):
-        raise ValueError(f"tasks={tasks!r}. Fix: use families of {TASK_FAMILIES} joined by '+', e.g. 'coldstart+arith'.")
+        raise ValueError(f"tasks={tasks!r}. Fix: use 'coldstart' or 'arith', or both as 'coldstart+arith'.")
     recs = []
     for f in families:
         if f == 'arith': recs += [r for r in arith_tasks() if r['split'] == split and r['kind'] in kinds]
-        elif f == 'suite': recs += [r for r in suite_training_tasks() if r['split'] == split and r['kind'] in kinds]
         else:   # explain tasks are not in the corpus: drawn here
             recs += [r for r in load_records(data_dir, split) if r['kind'] in kinds] + (explain_records(split) if 'explain' in kinds else [])
     return recs

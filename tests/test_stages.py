@@ -209,7 +209,7 @@ def test_sft_replay_mixes_pretraining_windows_at_its_share(prepared_data, tmp_pa
     torch.testing.assert_close(loss, 0.8 * sft + 0.2 * lm, rtol=1e-5, atol=0)
     assert abs(m['replay_loss'] - lm.item()) < 1e-4 * lm.item() and obj.tokens(b) == 10 * 64
     plain = make_objective(resolve_run('tiny', 'y', stage='stage2', init_from='scratch', data_dir=prepared_data, runs_dir=tmp_path,
-                                       batch_size=8, seq_len=64, d_model=32), prepared_data)
+                                       batch_size=8, seq_len=64, replay=0.0, d_model=32), prepared_data)
     assert 'replay' not in plain.batch(3, 0) and torch.equal(plain.batch(3, 0)['input_ids'], b['input_ids'])   # the records unchanged
     with pytest.raises(ValueError, match='Fix'): resolve_run('tiny', 'z', stage='stage2', replay=1.0, data_dir=prepared_data, runs_dir=tmp_path)
 
