@@ -358,8 +358,7 @@ STAGES = {s.name: s for s in [
                 'raise it with --set stage1b.max_steps=N'),
     Stage('stage2', 'sft', 'instruction records (code tasks, explain-this-code); loss on the answer only', 'stage1b', _SFT,
           presets=dict(tiny=dict(lr=3e-3, epochs=6.0, tasks='coldstart+arith', eval_interval=200, replay=0.2)),
-          seeds='seed numbers (lr 1e-5, 3 epochs) on every preset but tiny: lr 3e-3, 6 epochs, measured in 09a (at 1e-5 tiny learns no reply format); '
-                'tiny replays pretraining windows as a fifth of its rows, which at that lr keeps its general text (09a)'),
+          seeds='seed numbers (lr 1e-5, 3 epochs) on every preset but tiny: lr 3e-3, 6 epochs, measured in 09a (at 1e-5 tiny learns no reply format); replay 0.2 (09a)'),
     Stage('stage2b', 'sft_reasoning', 'cold-start reasoning records; loss on thought and answer', 'stage2', _SFT,
           presets=dict(tiny=dict(lr=1e-3, epochs=2.0, tasks='coldstart+arith', eval_interval=200, replay=0.2)),
           seeds='seed numbers (3 epochs, SFT\'s lr) on every preset but tiny: lr 1e-3, 2 epochs, replay 0.2 (09a)'),

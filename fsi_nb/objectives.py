@@ -230,18 +230,21 @@ class SFT(Objective):
             self._epoch, self._perm = epoch, np.random.default_rng([self.cfg.seed, 7, epoch]).permutation(len(self.rows['train'][0]))
         return self._perm
 
-    def loss(self, model, batch):
-        out = model(input_ids=batch['input_ids'], labels=batch['labels'], return_logits=False)
-        if 'replay' not in batch: return out.loss, dict(routing=out.routing)
-        rep = model(input_ids=batch['replay']['input_ids'], labels=batch['replay']['labels'], return_logits=False)
-        r = self.replay_rows / (self.replay_rows + batch['input_ids'].shape[0])   # each part weighted by its share of the rows
-        return (1 - r) * out.loss + r * rep.loss, dict(routing=out.routing, replay_loss=float(rep.aux['lm_loss'].detach()))
-
-    def tokens(self, batch): return int(batch['input_ids'].numel() + (batch['replay']['input_ids'].numel() if 'replay' in batch else 0))
-
 class SFTReasoning(SFT):
     "`stage2b`: cold-start reasoning, `<|thought|>` ... `<|answer|>`/`<|code|>`, with the loss on thought and answer."
     kinds, with_thought = ('code', 'math'), True
+
+# %% ../nbs/08c_objectives.ipynb #7247645f
+@patch
+def loss(self:SFT, model, batch):
+    out = model(input_ids=batch['input_ids'], labels=batch['labels'], return_logits=False)
+    if 'replay' not in batch: return out.loss, dict(routing=out.routing)
+    rep = model(input_ids=batch['replay']['input_ids'], labels=batch['replay']['labels'], return_logits=False)
+    r = self.replay_rows / (self.replay_rows + batch['input_ids'].shape[0])   # each part weighted by its share of the rows
+    return (1 - r) * out.loss + r * rep.loss, dict(routing=out.routing, replay_loss=float(rep.aux['lm_loss'].detach()))
+
+@patch
+def tokens(self:SFT, batch): return int(batch['input_ids'].numel() + (batch['replay']['input_ids'].numel() if 'replay' in batch else 0))
 
 # %% ../nbs/08c_objectives.ipynb #498f250a
 @patch
