@@ -18,10 +18,10 @@ from .runs import RunSpec, autocast_context
 from .sandbox import run_many
 
 # %% auto #0
-__all__ = ['OBJECTIVES', 'Objective', 'mean_se', 'binomial_se', 'val_batch_losses', 'NextToken', 'FIM', 'pretraining_loss',
-           'chat_pieces', 'encode_example', 'pack_examples', 'SFT', 'SFTReasoning', 'sample_group', 'sample_prompts',
-           'completion_batch', 'sequence_logprobs', 'format_reward', 'completion_code', 'group_advantages', 'grpo_loss',
-           'GRPO', 'GRPOExecution', 'dpo_loss', 'DPO', 'make_objective']
+__all__ = ['OBJECTIVES', 'Objective', 'mean_se', 'binomial_se', 'paired_se', 'val_batch_losses', 'NextToken', 'FIM',
+           'pretraining_loss', 'chat_pieces', 'encode_example', 'pack_examples', 'SFT', 'SFTReasoning', 'sample_group',
+           'sample_prompts', 'completion_batch', 'sequence_logprobs', 'format_reward', 'completion_code',
+           'group_advantages', 'grpo_loss', 'GRPO', 'GRPOExecution', 'dpo_loss', 'DPO', 'make_objective']
 
 # %% ../nbs/08c_objectives.ipynb #9c4a7724
 class Objective:
@@ -73,6 +73,19 @@ def binomial_se(p:float, n:int) -> float:
     return math.sqrt(q * (1 - q) / (n + 4))
 
 
+# %% ../nbs/08c_objectives.ipynb #aaa569af
+def paired_se(before, after,     # one value per unit on each set of weights: the same units in the same order
+              weights=None,      # each unit's weight, as `mean_se` takes them (the same on both sides)
+             ) -> float:
+    "Standard error of `mean(after) - mean(before)` over the same units: `mean_se` of the per-unit differences; for 0/1 outcomes Agresti and Min's. nan when the sides differ in length or hold fewer than two units."
+    b, a = np.asarray(list(before), dtype=float), np.asarray(list(after), dtype=float)
+    if len(b) != len(a) or len(b) < 2: return float('nan')
+    if weights is None and set(b.tolist()) | set(a.tolist()) <= {0.0, 1.0}:
+        n = len(b) + 2   # half a unit in each of the four cells: (0,0), (0,1), (1,0), (1,1)
+        up, down = (((b == 0) & (a == 1)).sum() + 0.5) / n, (((b == 1) & (a == 0)).sum() + 0.5) / n
+        return float(math.sqrt((up + down - (up - down) ** 2) / n))
+    return mean_se(a - b, weights)
+
 # %% ../nbs/08c_objectives.ipynb #882f1238
 def val_batch_losses(model, batcher:Batcher,   # a `Batcher` of the val split
                      batches:int, batch_size:int, seq_len:int, device) -> list[float]:
@@ -114,6 +127,7 @@ class NextToken(Objective):
             for L in self.eval_lengths():
                 losses = val_batch_losses(model, val, t.eval_batches, t.batch_size, L, self.device)
                 res[f'val_loss_{L}'], res[f'val_loss_{L}_se'] = sum(losses) / len(losses), mean_se(losses)
+                if L == max(self.eval_lengths()): res['val_loss_per_unit'] = losses   # `val_loss`'s batches: a change's paired error
             top = max(self.eval_lengths())
             res['val_loss'], res['val_loss_se'] = res[f'val_loss_{top}'], res[f'val_loss_{top}_se']
             return res
@@ -137,7 +151,8 @@ def pretraining_loss(model, data_dir, t:TrainConfig, device,
         with torch.no_grad(), autocast_context(device, t.precision):
             losses = val_batch_losses(model, val, t.eval_batches, t.batch_size, seq_len, device)
     finally: model.train(was)
-    return {f'pretrain_loss_{seq_len}': sum(losses) / len(losses), f'pretrain_loss_{seq_len}_se': mean_se(losses)}
+    return {f'pretrain_loss_{seq_len}': sum(losses) / len(losses), f'pretrain_loss_{seq_len}_se': mean_se(losses),
+            f'pretrain_loss_{seq_len}_per_unit': losses}
 
 
 # %% ../nbs/08c_objectives.ipynb #af307891
@@ -260,7 +275,8 @@ def evaluate(self:SFT, model):
             losses.append(model(input_ids=x[s:s + self.cfg.batch_size].to(self.device), labels=yy, return_logits=False).aux['lm_loss'].float().item())
         cnt = sum(tokens)
         return {self.metric: sum(l * k for l, k in zip(losses, tokens) if k) / max(cnt, 1),
-                f'{self.metric}_se': mean_se(losses, tokens) if cnt else float('nan')}
+                f'{self.metric}_se': mean_se(losses, tokens) if cnt else float('nan'),
+                f'{self.metric}_per_unit': losses, f'{self.metric}_unit_weights': tokens}
     return self._held_out(model, run)
 
 # %% ../nbs/08c_objectives.ipynb #c9e49eaf
@@ -364,7 +380,7 @@ def batch(self:GRPO, step, micro, model):
     t, o = self.cfg, self.ocfg
     rng = np.random.default_rng([t.seed, 11, step, micro])
     t0, mixed, alike, every, drawn, sample_s = time.perf_counter(), [], [], [], 0, 0.0
-    for rnd in range(1 + o.resample_rounds):   # dynamic sampling: a group whose samples all score alike has no advantage to learn from
+    for _ in range(1 + o.resample_rounds):   # dynamic sampling: a group whose samples all score alike has no advantage to learn from
         recs = [self.prompts['train'][i] for i in rng.choice(len(self.prompts['train']), size=t.batch_size)]
         ps, s0 = [self.prompt_ids(r) for r in recs], time.perf_counter()
         with autocast_context(self.device, t.precision):   # in the run's precision, as its validation samples
@@ -419,7 +435,7 @@ def evaluate(self:GRPO, model):
         greedy = [g[0] for g in sample_prompts(model, ps, 1, o.max_new_tokens, 1.0, eot, 0, greedy=True)]
         rs, rg = self.rewards([r for r in recs for _ in range(4)], sampled), self.rewards(recs, greedy)
         per_prompt = [sum(rs[i:i + 4]) / 4 for i in range(0, len(rs), 4)]   # a prompt's samples are not independent: average them first
-        return {self.metric: sum(rs) / max(len(rs), 1), f'{self.metric}_se': mean_se(per_prompt),
+        return {self.metric: sum(rs) / max(len(rs), 1), f'{self.metric}_se': mean_se(per_prompt), f'{self.metric}_per_unit': per_prompt,
                 'val_reward_greedy': sum(rg) / max(len(rg), 1), 'val_reward_greedy_se': _outcome_se(rg)}
     return self._held_out(model, run)
 
@@ -554,7 +570,7 @@ def evaluate(self:DPO, model):
         (pc, pr), _ = self._policy(model, self._rows(pv, torch.arange(pv['n'])))
         _, m = dpo_loss(pc, pr, pv['ref_chosen'], pv['ref_rejected'], self.ocfg.dpo_beta)
         margins = _dpo_margin(pc, pr, pv['ref_chosen'], pv['ref_rejected'], self.ocfg.dpo_beta).float().tolist()
-        return {self.metric: m['reward_margin'], f'{self.metric}_se': mean_se(margins),      # over pairs
+        return {self.metric: m['reward_margin'], f'{self.metric}_se': mean_se(margins), f'{self.metric}_per_unit': margins,   # over pairs
                 'val_accuracy': m['accuracy'], 'val_accuracy_se': binomial_se(m['accuracy'], len(margins))}
     return self._held_out(model, run)
 

@@ -14,14 +14,14 @@ from .config import STAGES, OBJECTIVE_CONFIGS, Settings, TrainConfig, get_stage,
 from .runs import RunSpec, resolve_run, objective_setting_names
 from .tokenizer import load_tokenizer
 from .run_folder import read_status, write_json, load_run, read_suite_scores, write_suite_score
-from .objectives import OBJECTIVES, pretraining_loss
+from .objectives import OBJECTIVES, pretraining_loss, paired_se
 from .sandbox import check_isolation
 from .train import train, RunResult, build_model
 from .suite import suite_tasks, score_suite   # the eval floor, above this one: the pipeline scores what it trains
 
 # %% auto #0
-__all__ = ['stage_overrides', 'parse_stages', 'metric_change', 'stage_row', 'suite_sample', 'score_weights', 'score_held_out',
-           'PipelineResult', 'run_pipeline']
+__all__ = ['stage_overrides', 'parse_stages', 'metric_change', 'units_se', 'stage_row', 'suite_sample', 'score_weights',
+           'score_held_out', 'PipelineResult', 'run_pipeline']
 
 # %% ../nbs/09a_stages.ipynb #3e3f13ba
 _DONE = ('finished', 'early_stop')
@@ -59,13 +59,20 @@ def parse_stages(stages) -> list[str]:
 def metric_change(before, before_se, after, after_se,   # a metric on two sets of weights, with its standard errors
                   higher_is_better:bool,
                   prefix:str='',                       # the columns' prefix ('suite_pass1_')
+                  paired:float|None=None,              # the change's error over the same units (`paired_se`); None or nan: the two errors as independent
                  ) -> dict:
-    "`change` (after - before), `change_se` and `beyond_3se`: the change exceeds 3 standard errors in the good direction (None: unknown)."
+    "`change` (after - before), `change_se` (`paired` says which), and `beyond_3se`: the change exceeds 3 standard errors in the good direction (None: unknown)."
     known = lambda x: x is not None and math.isfinite(x)
     change = after - before if known(before) and known(after) else None
-    se = math.sqrt(before_se ** 2 + after_se ** 2) if change is not None and known(before_se) and known(after_se) else None
+    is_paired = change is not None and known(paired)
+    se = paired if is_paired else math.sqrt(before_se ** 2 + after_se ** 2) if change is not None and known(before_se) and known(after_se) else None
     beyond = None if se is None else bool((change if higher_is_better else -change) > 3 * se)
-    return {f'{prefix}change': change, f'{prefix}change_se': se, f'{prefix}beyond_3se': beyond}
+    return {f'{prefix}change': change, f'{prefix}change_se': se, f'{prefix}paired': is_paired, f'{prefix}beyond_3se': beyond}
+
+def units_se(before:dict, after:dict, name:str) -> float|None:
+    "`paired_se` of `name` from two results that kept its per-unit values (`<name>_per_unit`, `<name>_unit_weights`); None when either did not."
+    b, a = before.get(f'{name}_per_unit'), after.get(f'{name}_per_unit')
+    return None if b is None or a is None else paired_se(b, a, before.get(f'{name}_unit_weights'))
 
 
 # %% ../nbs/09a_stages.ipynb #c97779ab
@@ -74,13 +81,14 @@ _HELD_OUT = (('suite_pass1', True), ('suite_passk', True), ('pretrain_loss_128',
 def _number(x): return float(x) if x is not None and math.isfinite(x) else None
 
 def _held_out_columns(before:dict|None, after:dict|None) -> dict:
-    "Each held-out score's before, after, their errors and the change, from two `score_weights` results."
-    row = dict(suite_tasks=(after or {}).get('suite_tasks'))
+    "Each held-out score's before, after, their errors and the change (paired where both kept their units), then each suite family's pass@1 after, from two `score_weights` results."
+    b, a = before or {}, after or {}
+    row = dict(suite_tasks=a.get('suite_tasks'))
     for name, up in _HELD_OUT:
-        b, a = before or {}, after or {}
         cols = {f'{name}_{w}{e}': _number(d.get(f'{name}{e}')) for w, d in (('before', b), ('after', a)) for e in ('', '_se')}
-        row |= cols | metric_change(*cols.values(), up, f'{name}_')
-    return row
+        row |= cols | metric_change(*cols.values(), up, f'{name}_', paired=units_se(b, a, name))
+    families = sorted(k[len('suite_'):-len('_pass1')] for k in a if k.startswith('suite_') and k.endswith('_pass1') and k != 'suite_pass1')
+    return row | {f'suite_{f}_pass1_after': _number(a.get(f'suite_{f}_pass1')) for f in families}
 
 def stage_row(stage:str, run_dir,
               start_dir=None,   # the run whose best weights this stage started from (its suite.json has them); None: this run's 'start'
@@ -94,7 +102,7 @@ def stage_row(stage:str, run_dir,
     up = st.higher_is_better or False
     row = dict(stage=stage, objective=get_stage(stage).objective, state=st.state or 'not run', steps=st.step, metric=metric,
                before=before, before_se=_number(first.get(f'{metric}_se')), after=after, after_se=_number(last.get(f'{metric}_se')))
-    row |= metric_change(_number(before), row['before_se'], _number(after), row['after_se'], up)
+    row |= metric_change(_number(before), row['before_se'], _number(after), row['after_se'], up, paired=units_se(first, last, metric))
     row |= dict(best=(st.best or {}).get(metric), improved=None if before is None or after is None else (after > before if up else after < before))
     scores = read_suite_scores(run_dir)
     start = read_suite_scores(start_dir).get('best') if start_dir else scores.get('start')
@@ -121,7 +129,9 @@ def score_weights(model, tokenizer, data_dir,
                  ) -> dict:
     "One set of weights' held-out numbers: the pretraining loss at 128 tokens and, unless `t.suite_tasks` is 0, the suite's row."
     out = pretraining_loss(model, data_dir, t, device) if model.cfg.max_seq_len >= 128 else {}
-    if t.suite_tasks: out |= score_suite(model, tokenizer, suite_sample(t.suite_tasks), k=t.suite_k, workers=workers).row()
+    if t.suite_tasks:
+        s = score_suite(model, tokenizer, suite_sample(t.suite_tasks), k=t.suite_k, workers=workers)
+        out |= s.row() | dict(suite_pass1_per_unit=s.tasks.passed1.tolist(), suite_passk_per_unit=s.tasks.passk.tolist())   # per task, for paired errors
     return out
 
 

@@ -584,6 +584,10 @@ def _save(self:_Loop, best:bool=False) -> float:
     dt = time.perf_counter() - t0; self.timings['checkpoint'] += dt
     return dt
 
+def _without_units(val:dict) -> dict:
+    "A validation's numbers without its per-unit values (`<metric>_per_unit`, `_unit_weights`: what a change's paired error needs)."
+    return {k: v for k, v in val.items() if not k.endswith(('_per_unit', '_unit_weights'))}
+
 @patch
 def _validate(self:_Loop) -> dict:
     t0, st, obj = time.perf_counter(), self.st, self.objective
@@ -595,9 +599,10 @@ def _validate(self:_Loop) -> dict:
         st.best['checkpoint'] = str(RunFolder(self.run_dir).checkpoint(st.step, best=True))
         self.best_pending = True   # saved after this step's rolling checkpoint, which matters more
     else: st.evals_since_best += 1
+    if len(st.evals) > 1: st.evals[-1] = _without_units(st.evals[-1])   # per-unit values: the first validation's and the latest's
     st.evals.append(dict(step=st.step, **val))
     self.timings['eval'] += time.perf_counter() - t0
-    return val
+    return _without_units(val)   # the log keeps the numbers
 
 # %% ../nbs/09_train.ipynb #0d933a6e
 @patch

@@ -50,6 +50,12 @@ def test_whole_chain_smoke_from_one_command(prepared_data, tmp_path):
     for m in ('suite_pass1', 'suite_passk', 'pretrain_loss_128'):
         assert csv[f'{m}_before'].notna().all() and csv[f'{m}_after'].notna().all(), m
         assert list(csv[f'{m}_before'][1:]) == list(csv[f'{m}_after'][:-1]), m   # each set of weights scored once
+    assert csv.suite_pass1_paired.all() and any(c.startswith('suite_arith_') for c in csv.columns)   # paired over tasks; per family
+    for stage in names:   # per-unit values: in status.json's first and latest validation (a change's paired error), never in the log
+        st = json.loads((pdir/stage/'status.json').read_text())
+        assert f"{st['metric']}_per_unit" in st['evals'][0] and f"{st['metric']}_per_unit" in st['evals'][-1], stage
+        assert all(f"{st['metric']}_per_unit" not in e for e in st['evals'][1:-1]), stage
+        assert not any(k.endswith('_per_unit') for r in records(pdir/stage) for k in r), stage
 
 @pytest.mark.parametrize('stage', ['stage2', 'stage3', 'stage4'])
 def test_kill_9_inside_a_stage_resumes_exactly(prepared_data, tmp_path, stage):
