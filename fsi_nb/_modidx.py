@@ -451,6 +451,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
             'fsi_nb.objectives': { 'fsi_nb.objectives.DPO': ('objectives.html#dpo', 'fsi_nb/objectives.py'),
                                    'fsi_nb.objectives.DPO.__init__': ('objectives.html#dpo.__init__', 'fsi_nb/objectives.py'),
                                    'fsi_nb.objectives.DPO._make_pairs': ('objectives.html#dpo._make_pairs', 'fsi_nb/objectives.py'),
+                                   'fsi_nb.objectives.DPO._pair_scores': ('objectives.html#dpo._pair_scores', 'fsi_nb/objectives.py'),
                                    'fsi_nb.objectives.DPO._policy': ('objectives.html#dpo._policy', 'fsi_nb/objectives.py'),
                                    'fsi_nb.objectives.DPO._rows': ('objectives.html#dpo._rows', 'fsi_nb/objectives.py'),
                                    'fsi_nb.objectives.DPO.batch': ('objectives.html#dpo.batch', 'fsi_nb/objectives.py'),

@@ -513,15 +513,16 @@ def setup(self:DPO, model):
     t = self.cfg
     o = self.ocfg
     was = model.training; model.eval()
-    try:
-        self.pairs = {s: self._make_pairs(model, self.records[s][:o.num_prompts if s == 'train' else max(1, o.num_prompts // 4)], seed)
-                      for s, seed in (('train', t.seed), ('val', t.seed + 1))}
+    train, q = self.records['train'], max(1, o.num_prompts // 4)
+    splits = (('train', train[:o.num_prompts], t.seed), ('val', self.records['val'][:q], t.seed + 1),
+              ('select', train[o.num_prompts:o.num_prompts + q], t.seed + 2))   # training prompts DPO does not train on: for choosing its settings
+    try: self.pairs = {s: self._make_pairs(model, recs, seed) if recs else dict(n=0, from_reference=0) for s, recs, seed in splits}
     finally: model.train(was)
     if self.pairs['train']['n'] == 0:
         raise ValueError("DPO found no preference pair: every sample of every prompt passed its tests. Fix: raise num_prompts "
                          "or temperature, or skip stage4.")
     print(f"DPO pairs: {self.pairs['train']['n']} train ({self.pairs['train']['from_reference']} with the reference solution "
-          f"preferred), {self.pairs['val']['n']} held out")
+          f"preferred), {self.pairs['val']['n']} held out, {self.pairs['select']['n']} for selection")
 
 # %% ../nbs/08c_objectives.ipynb #21b3b7e2
 @patch
@@ -564,14 +565,21 @@ def tokens(self:DPO, batch): return int(batch['chosen']['input_ids'].numel() + b
 
 # %% ../nbs/08c_objectives.ipynb #b8ed20a8
 @patch
+def _pair_scores(self:DPO, model, pv:dict, split:str) -> dict:
+    "The implicit reward margin and the preference accuracy on one split's pairs, with errors over pairs."
+    (pc, pr), _ = self._policy(model, self._rows(pv, torch.arange(pv['n'])))
+    _, m = dpo_loss(pc, pr, pv['ref_chosen'], pv['ref_rejected'], self.ocfg.dpo_beta)
+    margins = _dpo_margin(pc, pr, pv['ref_chosen'], pv['ref_rejected'], self.ocfg.dpo_beta).float().tolist()
+    return {f'{split}_reward_margin': m['reward_margin'], f'{split}_reward_margin_se': mean_se(margins), f'{split}_reward_margin_per_unit': margins,
+            f'{split}_accuracy': m['accuracy'], f'{split}_accuracy_se': binomial_se(m['accuracy'], len(margins))}
+
+@patch
 def evaluate(self:DPO, model):
+    "The held-out pairs' margin (the metric) and accuracy; the selection pairs' too, when there are any: settings are chosen on those."
     pv = self.pairs['val'] if self.pairs['val']['n'] else self.pairs['train']
     def run():
-        (pc, pr), _ = self._policy(model, self._rows(pv, torch.arange(pv['n'])))
-        _, m = dpo_loss(pc, pr, pv['ref_chosen'], pv['ref_rejected'], self.ocfg.dpo_beta)
-        margins = _dpo_margin(pc, pr, pv['ref_chosen'], pv['ref_rejected'], self.ocfg.dpo_beta).float().tolist()
-        return {self.metric: m['reward_margin'], f'{self.metric}_se': mean_se(margins), f'{self.metric}_per_unit': margins,   # over pairs
-                'val_accuracy': m['accuracy'], 'val_accuracy_se': binomial_se(m['accuracy'], len(margins))}
+        out = self._pair_scores(model, pv, 'val')
+        return out | (self._pair_scores(model, self.pairs['select'], 'select') if self.pairs['select']['n'] else {})
     return self._held_out(model, run)
 
 # %% ../nbs/08c_objectives.ipynb #075d69eb

@@ -157,6 +157,27 @@ def test_dpo_epochs_set_the_steps_from_its_pairs(prepared_data, tmp_path):
     assert r.stopped == 'finished' and 1 <= r.total_steps <= 3, r.total_steps     # ceil(pairs / 2), at most 6 pairs
     assert pairs['train']['max_steps'] == r.total_steps
 
+def test_dpo_selection_pairs_come_from_prompts_it_never_trains_on(prepared_data, tmp_path):
+    "DPO's settings are chosen on selection pairs: training prompts past num_prompts, scored beside the held-out pairs, never in a batch."
+    from fsi_nb.runs import resolve_run
+    from fsi_nb.objectives import make_objective
+    from fsi_nb.train import build_model
+    spec = resolve_run('tiny', 'p', stage='stage4', init_from='scratch', data_dir=prepared_data, runs_dir=tmp_path, d_model=32,
+                       batch_size=2, group_size=2, max_new_tokens=8, num_prompts=8, precision='fp32', threads=1)
+    obj, model = make_objective(spec, prepared_data), build_model(spec, prepared_data)
+    obj.setup(model)   # random weights pass nothing: every prompt makes a pair, its reference solution preferred
+    def prompts(pairs):
+        ids, labels = pairs['chosen']['input_ids'], pairs['chosen']['labels']
+        return {tuple(i[:int((l != -100).nonzero()[0])].tolist()) for i, l in zip(ids, labels)}
+    train, select, val = (prompts(obj.pairs[s]) for s in ('train', 'select', 'val'))
+    assert len(train) == 8 and len(select) == 2 and val and not (train & select) and not (select & val)
+    seen = {tuple(i[:int((l != -100).nonzero()[0])].tolist()) for step in range(8)
+            for i, l in zip(obj.batch(step, 0)['chosen']['input_ids'], obj.batch(step, 0)['chosen']['labels'])}
+    assert seen <= train and not (seen & select)
+    scores = obj.evaluate(model)
+    assert {'val_reward_margin', 'val_accuracy', 'select_reward_margin', 'select_accuracy', 'select_reward_margin_per_unit'} <= set(scores)
+    assert scores['select_reward_margin'] == 0.0   # the starting weights are the reference: every margin is 0
+
 def test_a_new_stage_is_one_row(prepared_data, tmp_path, monkeypatch):
     "A stage added to the table alone (SFT on the explain records only) trains in a pipeline; no other module is edited."
     from dataclasses import replace
