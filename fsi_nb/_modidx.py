@@ -504,6 +504,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'fsi_nb.objectives.SFTReasoning': ('objectives.html#sftreasoning', 'fsi_nb/objectives.py'),
                                    'fsi_nb.objectives._dpo_margin': ('objectives.html#_dpo_margin', 'fsi_nb/objectives.py'),
                                    'fsi_nb.objectives._outcome_se': ('objectives.html#_outcome_se', 'fsi_nb/objectives.py'),
+                                   'fsi_nb.objectives._passes': ('objectives.html#_passes', 'fsi_nb/objectives.py'),
                                    'fsi_nb.objectives._record_sandbox': ('objectives.html#_record_sandbox', 'fsi_nb/objectives.py'),
                                    'fsi_nb.objectives.binomial_se': ('objectives.html#binomial_se', 'fsi_nb/objectives.py'),
                                    'fsi_nb.objectives.chat_pieces': ('objectives.html#chat_pieces', 'fsi_nb/objectives.py'),

@@ -198,8 +198,9 @@ class GRPOConfig:
     kl_coef: float = 0.0               # weight of the KL to the frozen reference (0 = none)
     num_prompts: int = 256             # held-out prompts per validation (at most)
     resample_rounds: int = 0           # dynamic sampling (DAPO): up to this many more draws of prompts to replace groups whose samples all score alike
+    sandbox_timeout: float = 5.0       # wall-clock seconds a sampled program gets for its tests (execution reward); one that loops holds a worker this long
     def __post_init__(self):
-        _positive(self, 'group_size', 'max_new_tokens', 'num_prompts')
+        _positive(self, 'group_size', 'max_new_tokens', 'num_prompts', 'sandbox_timeout')
         _check(self.resample_rounds >= 0, 'resample_rounds', self.resample_rounds, 'must not be negative', 'use 0 (off) or e.g. 2')
         _check(self.temperature > 0, 'temperature', self.temperature, 'must be positive', 'use e.g. 1.0')
         _check(0 < self.clip_eps < 1, 'clip_eps', self.clip_eps, 'must be in (0, 1)', 'use e.g. 0.2')
@@ -216,8 +217,9 @@ class DPOConfig:
     temperature: float = 1.0           # sampling temperature
     dpo_beta: float = 0.1              # the preference temperature beta
     num_prompts: int = 256             # prompts sampled for preference pairs
+    sandbox_timeout: float = 5.0       # wall-clock seconds a sampled program gets for its tests, as in `GRPOConfig`
     def __post_init__(self):
-        _positive(self, 'group_size', 'max_new_tokens', 'num_prompts')
+        _positive(self, 'group_size', 'max_new_tokens', 'num_prompts', 'sandbox_timeout')
         _check(self.epochs >= 0, 'epochs', self.epochs, 'must not be negative', 'set epochs >= 0 (0: use max_steps)')
         _check(self.temperature > 0, 'temperature', self.temperature, 'must be positive', 'use e.g. 1.0')
         _check(self.dpo_beta > 0, 'dpo_beta', self.dpo_beta, 'must be positive', 'use e.g. 0.1')
@@ -371,9 +373,9 @@ STAGES = {s.name: s for s in [
           seeds='GRPO for the seeds\' MCPO, as stage3; rewards from the sandbox. Seed: 500-2,000 steps (GPU target 20K); here 500 (tiny: 60)'),
     Stage('stage4', 'dpo', 'pairs from execution results: a passing and a failing sample of one prompt', 'stage3b',
           dict(lr=5e-7, min_lr=5e-8, epochs=1.0, warmup_steps=5, dpo_beta=0.1),
-          presets=dict(tiny=dict(lr=1e-4, min_lr=1e-5, epochs=3.0, batch_size=8, tasks='arith', max_new_tokens=48, num_prompts=512, eval_interval=20)),
+          presets=dict(tiny=dict(lr=3e-4, min_lr=1e-5, epochs=3.0, batch_size=8, tasks='arith', max_new_tokens=48, num_prompts=512, eval_interval=20)),
           seeds='seed: 1,000-5,000 steps at lr 5e-7. Here epochs over the pairs the previous stage\'s model yields (a fixed step count would '
-                'repeat a few pairs hundreds of times); tiny: lr 1e-4 and 512 prompts, measured against 1e-5 and 1e-3 (09a)'),
+                'repeat a few pairs hundreds of times); tiny: lr 3e-4 and 512 prompts, chosen on selection pairs among 1e-5 to 1e-3 (09a)'),
     Stage('stage5', 'next_token', 'final data mix at a longer context (CPU: up to 512 tokens; GPU: twice the preset\'s) with RoPE base 1e6', 'stage4',
           dict(max_steps=500, warmup_steps=25), dict(rope_base=1e6), data_mix=FINAL_MIX, presets=dict(tiny=dict(max_steps=300, eval_interval=100)),
           long_context=True, seeds='CPU seed: 128 -> 256 -> 512 (its practical limit), kept on the CPU presets; the cloud seed gives no '

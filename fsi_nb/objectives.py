@@ -448,6 +448,14 @@ def _record_sandbox(objective, results:list) -> list:
     if results: objective.sandbox_mode = results[0].mode
     return results
 
+def _passes(objective, programs:list[str], tests:list, timeout:float) -> list[bool]:
+    "Whether each program passes its tests in the sandbox. An empty program (no code in the reply) fails without a sandbox: it could earn nothing, and a sandbox costs about 50 ms."
+    todo = [i for i, p in enumerate(programs) if p]
+    res = _record_sandbox(objective, run_many([(programs[i], tests[i]) for i in todo], workers=os.cpu_count() or 1, timeout=timeout)) if todo else []
+    ok = [False] * len(programs)
+    for i, x in zip(todo, res): ok[i] = x.passed
+    return ok
+
 class GRPOExecution(GRPO):
     "`stage3b`: GRPO on code prompts; the reward is whether the sampled code passes the task's tests in the sandbox."
     runs_model_code = True   # its samples run in the sandbox: a pipeline checks isolation before its first stage
@@ -455,8 +463,7 @@ class GRPOExecution(GRPO):
     sandbox_mode = None   # bwrap, unshare or none: what the sandbox ran under, once it has run
     def rewards(self, recs, completions):
         progs = [completion_code(self.tok.decode(c, skip_special_tokens=False)) for c in completions]
-        res = _record_sandbox(self, run_many([(p, r['tests']) for p, r in zip(progs, recs)], workers=max(1, os.cpu_count() or 1), timeout=5.0))
-        return [1.0 if x.passed and p else 0.0 for x, p in zip(res, progs)]
+        return [float(ok) for ok in _passes(self, progs, [r['tests'] for r in recs], self.ocfg.sandbox_timeout)]
 
 # %% ../nbs/08c_objectives.ipynb #90d22bf3
 def _dpo_margin(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta:float):
@@ -492,10 +499,9 @@ def _make_pairs(self:DPO, model, recs, seed) -> dict:
     with autocast_context(self.device, t.precision):   # every prompt at once, in the run's precision
         groups = sample_prompts(model, ps, o.group_size, o.max_new_tokens, o.temperature, eot, seed=seed)
     progs = [[completion_code(self.tok.decode(c, skip_special_tokens=False)) for c in g] for g in groups]
-    runs = _record_sandbox(self, run_many([(pr, rec['tests']) for rec, g in zip(recs, progs) for pr in g], workers=os.cpu_count() or 1))
+    passed = _passes(self, [pr for g in progs for pr in g], [rec['tests'] for rec, g in zip(recs, progs) for _ in g], o.sandbox_timeout)
     for i, (rec, p, samples) in enumerate(zip(recs, ps, groups)):
-        res = runs[i * o.group_size:(i + 1) * o.group_size]
-        ok = [x.passed and bool(pr) for x, pr in zip(res, progs[i])]
+        ok = passed[i * o.group_size:(i + 1) * o.group_size]
         bad = [c for c, k in zip(samples, ok) if not k]
         if not bad: continue                                          # every sample passes: nothing to prefer
         good = next((c for c, k in zip(samples, ok) if k), None)
