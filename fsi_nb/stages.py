@@ -5,7 +5,7 @@
 # %% ../nbs/09a_stages.ipynb #1405565a
 from __future__ import annotations
 import math, time, warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
@@ -70,9 +70,10 @@ def metric_change(before, before_se, after, after_se,   # a metric on two sets o
     return {f'{prefix}change': change, f'{prefix}change_se': se, f'{prefix}paired': is_paired, f'{prefix}beyond_3se': beyond}
 
 def units_se(before:dict, after:dict, name:str) -> float|None:
-    "`paired_se` of `name` from two results that kept its per-unit values (`<name>_per_unit`, `<name>_unit_weights`); None when either did not."
+    "`paired_se` of `name` from two results that kept its per-unit values (`<name>_per_unit`, `<name>_unit_weights`) on the same units (`<name>_units_of`, where given); None otherwise."
     b, a = before.get(f'{name}_per_unit'), after.get(f'{name}_per_unit')
-    return None if b is None or a is None else paired_se(b, a, before.get(f'{name}_unit_weights'))
+    if b is None or a is None or before.get(f'{name}_units_of') != after.get(f'{name}_units_of'): return None   # other batches: not a pair
+    return paired_se(b, a, before.get(f'{name}_unit_weights'))
 
 
 # %% ../nbs/09a_stages.ipynb #c97779ab
@@ -129,9 +130,11 @@ def score_weights(model, tokenizer, data_dir,
                  ) -> dict:
     "One set of weights' held-out numbers: the pretraining loss at 128 tokens and, unless `t.suite_tasks` is 0, the suite's row."
     out = pretraining_loss(model, data_dir, t, device) if model.cfg.max_seq_len >= 128 else {}
+    if out: out['pretrain_loss_128_units_of'] = f'{t.eval_batches} validation batches of {t.batch_size}, seed {t.seed}'   # what pairs with what
     if t.suite_tasks:
         s = score_suite(model, tokenizer, suite_sample(t.suite_tasks), k=t.suite_k, workers=workers)
-        out |= s.row() | dict(suite_pass1_per_unit=s.tasks.passed1.tolist(), suite_passk_per_unit=s.tasks.passk.tolist())   # per task, for paired errors
+        out |= s.row() | dict(suite_pass1_per_unit=s.tasks.passed1.tolist(), suite_passk_per_unit=s.tasks.passk.tolist(),   # per task, for paired errors
+                              suite_pass1_units_of=f'{t.suite_tasks} tasks', suite_passk_units_of=f'{t.suite_tasks} tasks, k={t.suite_k}')
     return out
 
 
@@ -140,6 +143,7 @@ def score_held_out(run_dir,           # the stage's run folder: its suite.json k
                    weights:str,       # 'best' (the weights it hands on) or 'start' (those it started from)
                    spec:RunSpec,      # the stage's resolved settings: data, device, suite size
                    init_from:str='',  # for 'start': the run or checkpoint it started from ('' = seeded, as `train` builds them)
+                   units_from:TrainConfig|None=None,   # the batch size, validation batches and seed to score with (a chain's first stage's, so every stage's scores pair); None: the stage's
                   ) -> dict:
     "Score one set of a stage's weights once (`score_weights`), kept in its suite.json; a score already there is returned as it is."
     if (have := read_suite_scores(run_dir).get(weights)) is not None: return have
@@ -149,7 +153,8 @@ def score_held_out(run_dir,           # the stage's run folder: its suite.json k
                      checkpoint=None if weights == 'best' else spec.train.init_checkpoint or None)
         model, tok, where, step = r.model, r.tokenizer, str(r.checkpoint), r.step
     else: model, tok, where, step = build_model(spec, spec.data_dir), load_tokenizer(spec.data_dir/'tokenizer'), 'seeded', 0
-    score = score_weights(model, tok, spec.data_dir, spec.train, spec.device) | dict(checkpoint=where, step=step)
+    t = spec.train if units_from is None else replace(spec.train, batch_size=units_from.batch_size, eval_batches=units_from.eval_batches, seed=units_from.seed)
+    score = score_weights(model, tok, spec.data_dir, t, spec.device) | dict(checkpoint=where, step=step)
     write_suite_score(run_dir, weights, score | dict(seconds=time.perf_counter() - t0))
     return read_suite_scores(run_dir)[weights]
 
@@ -202,8 +207,9 @@ def run_pipeline(stages,                     # 'stage1,stage1b,...' or a list (`
                       **(plan[stage] | steps[stage] | dict(stage=stage, init_from=str(prev) if prev else '')))
             runs[stage], stopped, signum = r, r.stopped, r.signum
             if r.stopped not in _DONE: break                  # a signal, NaNs or the budget: the next call resumes here
-        if stage == stages[0]: score_held_out(run_dir, 'start', specs[stage], init_from)   # the chain's start
-        score_held_out(run_dir, 'best', specs[stage])         # each once: a resumed pipeline finds it in the run folder
+        units = specs[stages[0]].train                        # every set of weights on the same held-out batches: their changes pair
+        if stage == stages[0]: score_held_out(run_dir, 'start', specs[stage], init_from, units)   # the chain's start
+        score_held_out(run_dir, 'best', specs[stage], units_from=units)   # each once: a resumed pipeline finds it in the run folder
         prev = run_dir
     table = pd.DataFrame([stage_row(st, pdir/st, p and pdir/p) for p, st in zip([None] + stages[:-1], stages)])
     table.to_csv(pdir/'pipeline.csv', index=False)

@@ -51,6 +51,8 @@ def test_whole_chain_smoke_from_one_command(prepared_data, tmp_path):
         assert csv[f'{m}_before'].notna().all() and csv[f'{m}_after'].notna().all(), m
         assert list(csv[f'{m}_before'][1:]) == list(csv[f'{m}_after'][:-1]), m   # each set of weights scored once
     assert csv.suite_pass1_paired.all() and any(c.startswith('suite_arith_') for c in csv.columns)   # paired over tasks; per family
+    units = {json.loads((pdir/st/'suite.json').read_text())['best']['pretrain_loss_128_units_of'] for st in names}
+    assert len(units) == 1, units   # every stage's weights on the first stage's held-out batches, whatever its own batch size
     for stage in names:   # per-unit values: in status.json's first and latest validation (a change's paired error), never in the log
         st = json.loads((pdir/stage/'status.json').read_text())
         assert f"{st['metric']}_per_unit" in st['evals'][0] and f"{st['metric']}_per_unit" in st['evals'][-1], stage
