@@ -268,11 +268,13 @@ def evaluate(self:SFT, model):
     n = min(len(x), self.cfg.eval_batches * self.cfg.batch_size)
     if n == 0: return {self.metric: float('nan')}
     def run():
-        losses, tokens = [], []   # each batch's mean reply loss and its reply tokens: the metric is their token-weighted mean
+        losses, tokens = [], []   # each record's mean reply loss and its reply tokens: the metric is their token-weighted mean
         for s in range(0, n, self.cfg.batch_size):
             yy = y[s:s + self.cfg.batch_size].to(self.device)
-            tokens.append(float((yy[:, 1:] != -100).sum()))
-            losses.append(model(input_ids=x[s:s + self.cfg.batch_size].to(self.device), labels=yy, return_logits=False).aux['lm_loss'].float().item())
+            out = model(input_ids=x[s:s + self.cfg.batch_size].to(self.device), labels=yy, return_logits=False, return_logprobs=True)
+            mask = yy[:, 1:] != -100
+            cnt = mask.sum(-1)
+            losses += (-(out.logprobs.float() * mask).sum(-1) / cnt.clamp(min=1)).tolist(); tokens += cnt.float().tolist()
         cnt = sum(tokens)
         return {self.metric: sum(l * k for l, k in zip(losses, tokens) if k) / max(cnt, 1),
                 f'{self.metric}_se': mean_se(losses, tokens) if cnt else float('nan'),

@@ -97,6 +97,16 @@ def test_sft_stage_trains_on_the_reply_only(prepared_data, tmp_path):
             if t == user: inside = True
             if inside: assert l == -100
             if t == assistant: inside = False
+    from fsi_nb.train import build_model   # the validation's unit is a record: its token-weighted mean is the batches' reply loss
+    from dataclasses import replace
+    obj.cfg = replace(obj.cfg, eval_batches=3, precision='fp32'); model = build_model(spec, prepared_data).eval()
+    val = obj.evaluate(model)
+    xv, yv = obj.rows['val']
+    with torch.no_grad():
+        by_batch = [(model(input_ids=xv[s:s + obj.cfg.batch_size], labels=yv[s:s + obj.cfg.batch_size], return_logits=False).aux['lm_loss'].item(),
+                     int((yv[s:s + obj.cfg.batch_size, 1:] != -100).sum())) for s in range(0, 3 * obj.cfg.batch_size, obj.cfg.batch_size)]
+    assert len(val['val_reply_loss_per_unit']) == 3 * obj.cfg.batch_size and sum(val['val_reply_loss_unit_weights']) == sum(k for _, k in by_batch)
+    assert abs(val['val_reply_loss'] - sum(l * k for l, k in by_batch) / sum(k for _, k in by_batch)) < 1e-4 * val['val_reply_loss']
     rec = obj.records('train')[0]
     a, b = encode_example(tok, rec), encode_example(tok, dict(rec, prompt=rec['prompt'] + ' Please hurry.'))
     assert [l for l in a[1] if l != -100] == [l for l in b[1] if l != -100]
