@@ -442,18 +442,22 @@ def evaluate(self:GRPO, model):
     return self._held_out(model, run)
 
 # %% ../nbs/08c_objectives.ipynb #20c37155
-from .sandbox import isolation_summary
+from .sandbox import isolation_summary, isolation_mode
 
-def _record_sandbox(objective, results:list) -> list:
+def _record_sandbox(objective, results:list,
+                    mode:str|None=None,   # the isolation in force when no sample ran (every reply was empty)
+                   ) -> list:
     "Keep the isolation the samples ran under on `objective.sandbox_mode`, and print it the first time: the run's log records it."
-    if results and getattr(objective, 'sandbox_mode', None) is None: print(isolation_summary(results[0].mode), flush=True)
-    if results: objective.sandbox_mode = results[0].mode
+    mode = results[0].mode if results else mode
+    if mode and getattr(objective, 'sandbox_mode', None) is None: print(isolation_summary(mode), flush=True)
+    if mode: objective.sandbox_mode = mode
     return results
 
 def _passes(objective, programs:list[str], tests:list, timeout:float) -> list[bool]:
     "Whether each program passes its tests in the sandbox. An empty program (no code in the reply) fails without a sandbox: it could earn nothing, and a sandbox costs about 50 ms."
     todo = [i for i, p in enumerate(programs) if p]
-    res = _record_sandbox(objective, run_many([(programs[i], tests[i]) for i in todo], workers=os.cpu_count() or 1, timeout=timeout)) if todo else []
+    res = run_many([(programs[i], tests[i]) for i in todo], workers=os.cpu_count() or 1, timeout=timeout)   # none to run: still refuses where no isolation works
+    _record_sandbox(objective, res, None if res else isolation_mode())   # the run records the isolation in force either way
     ok = [False] * len(programs)
     for i, x in zip(todo, res): ok[i] = x.passed
     return ok
