@@ -253,8 +253,9 @@ _GUARDS = ('dropout 0.1 and early stopping after 5 validations without a better 
 
 # From how many steps `torch.compile` pays back on a CPU preset: a first compile's seconds / the per-step gain, with the
 # real trainer, bf16, 2 threads, on this kit's build machine (nbs/notes/compile_pays.py; compile-pays.md). tiny: 126 s /
-# (202.8 - 168.7 ms) = 3,690 steps, rounded up. small and med: not measured yet, tiny's number until they are.
-CPU_COMPILE = dict(tiny=4000, small=4000, med=4000)
+# (202.8 - 168.7 ms) = 3,690 steps, rounded up; med: 218 s / (3,114 - 2,616 ms) = 439 steps, so its 3,000 compile.
+# small: not measured yet, tiny's number until it is (its 14,000 steps compile either way).
+CPU_COMPILE = dict(tiny=4000, small=4000, med=500)
 
 def _cpu(name, source, model, guarded=True, **train):
     t = TrainConfig(precision='auto', device='cpu', compile='auto', compile_min_steps=CPU_COMPILE[name],
