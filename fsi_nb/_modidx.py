@@ -827,7 +827,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                               'fsi_nb.suite._ints': ('suite.html#_ints', 'fsi_nb/suite.py'),
                               'fsi_nb.suite._next_prime': ('suite.html#_next_prime', 'fsi_nb/suite.py'),
                               'fsi_nb.suite._op': ('suite.html#_op', 'fsi_nb/suite.py'),
-                              'fsi_nb.suite._rate_se': ('suite.html#_rate_se', 'fsi_nb/suite.py'),
                               'fsi_nb.suite._render': ('suite.html#_render', 'fsi_nb/suite.py'),
                               'fsi_nb.suite._runs': ('suite.html#_runs', 'fsi_nb/suite.py'),
                               'fsi_nb.suite._values_key': ('suite.html#_values_key', 'fsi_nb/suite.py'),

@@ -170,6 +170,12 @@ class PipelineResult:
     runs: dict = field(default_factory=dict)   # stage -> RunResult, for the stages trained in this call
     signum: int | None = None
 
+# %% ../nbs/09a_stages.ipynb #219130e5
+def _stage_steps(stage:str, max_steps:int|None, own:dict) -> dict:
+    "The pipeline's max_steps for one stage: the pretraining stage's length, a cap on the others; a stage's own max_steps wins."
+    if max_steps is None or 'max_steps' in own: return {}
+    return dict(max_steps=max_steps) if get_stage(stage).starts_from is None else dict(max_steps_cap=max_steps)
+
 # %% ../nbs/09a_stages.ipynb #b9316dc3
 def run_pipeline(stages,                     # 'stage1,stage1b,...' or a list (`fsi_nb.config.STAGES`)
                  preset:str='tiny',
@@ -198,6 +204,7 @@ def run_pipeline(stages,                     # 'stage1,stage1b,...' or a list (`
     write_json(pdir/'pipeline.json', dict(preset=preset, stages=stages, smoke=smoke, init_from=init_from, max_steps=max_steps,
                                          overrides={k: str(v) for k, v in overrides.items()}, started=time.time()))
     runs, prev, stopped, signum = {}, init_from, 'finished', None
+    units = specs[stages[0]].train   # every set of weights on the same held-out batches: their changes pair
     for stage in stages:
         run_dir = pdir/stage
         state = read_status(run_dir).state
@@ -207,7 +214,6 @@ def run_pipeline(stages,                     # 'stage1,stage1b,...' or a list (`
                       **(plan[stage] | steps[stage] | dict(stage=stage, init_from=str(prev) if prev else '')))
             runs[stage], stopped, signum = r, r.stopped, r.signum
             if r.stopped not in _DONE: break                  # a signal, NaNs or the budget: the next call resumes here
-        units = specs[stages[0]].train                        # every set of weights on the same held-out batches: their changes pair
         if stage == stages[0]: score_held_out(run_dir, 'start', specs[stage], init_from, units)   # the chain's start
         score_held_out(run_dir, 'best', specs[stage], units_from=units)   # each once: a resumed pipeline finds it in the run folder
         prev = run_dir
@@ -215,7 +221,3 @@ def run_pipeline(stages,                     # 'stage1,stage1b,...' or a list (`
     table.to_csv(pdir/'pipeline.csv', index=False)
     return PipelineResult(name, pdir, stopped, table, runs, signum)
 
-def _stage_steps(stage:str, max_steps:int|None, own:dict) -> dict:
-    "The pipeline's max_steps for one stage: the pretraining stage's length, a cap on the others; a stage's own max_steps wins."
-    if max_steps is None or 'max_steps' in own: return {}
-    return dict(max_steps=max_steps) if get_stage(stage).starts_from is None else dict(max_steps_cap=max_steps)

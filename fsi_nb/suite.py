@@ -13,7 +13,7 @@ import numpy as np, pandas as pd
 
 from .tasks import unit_hash, _ARITH, _ARITH_NAMES
 from .sandbox import run_many
-from .objectives import chat_pieces, sample_prompts, completion_code, mean_se, binomial_se
+from .objectives import chat_pieces, sample_prompts, completion_code, mean_se, binomial_se, _outcome_se
 from .humaneval import pass_at_k
 
 # %% auto #0
@@ -304,11 +304,6 @@ def model_completer(model, tokenizer,
     return complete
 
 # %% ../nbs/11e_suite.ipynb #f812f291
-def _rate_se(values) -> float:
-    "The error of a mean pass@k over tasks: binomial (Agresti and Coull's) when every task's value is 0 or 1, so all-fail keeps an error; else the mean's."
-    v = [float(x) for x in values]
-    return binomial_se(sum(v) / len(v), len(v)) if v and set(v) <= {0.0, 1.0} else mean_se(v)
-
 @dataclass
 class SuiteScore:
     "Per-task outcomes of a suite run, and the table and CSV row made from them."
@@ -324,7 +319,7 @@ class SuiteScore:
         for (f, l), g in groups:
             p = float(g.passed1.mean())
             rows.append(dict(family=f, level=l, tasks=len(g), pass1=p, pass1_se=binomial_se(p, len(g)),
-                             passk=float(g.passk.mean()), passk_se=_rate_se(g.passk)))
+                             passk=float(g.passk.mean()), passk_se=_outcome_se(g.passk.tolist())))   # binomial when every task is 0 or 1: all-fail keeps an error
         return pd.DataFrame(rows)
 
     def row(self) -> dict:
