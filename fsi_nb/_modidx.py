@@ -972,6 +972,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                               'fsi_nb.train.lr_at': ('train.html#lr_at', 'fsi_nb/train.py'),
                               'fsi_nb.train.make_optimizer': ('train.html#make_optimizer', 'fsi_nb/train.py'),
                               'fsi_nb.train.make_scheduler': ('train.html#make_scheduler', 'fsi_nb/train.py'),
+                              'fsi_nb.train.ordered_scatter': ('train.html#ordered_scatter', 'fsi_nb/train.py'),
                               'fsi_nb.train.param_groups': ('train.html#param_groups', 'fsi_nb/train.py'),
                               'fsi_nb.train.routing_record': ('train.html#routing_record', 'fsi_nb/train.py'),
                               'fsi_nb.train.train': ('train.html#train', 'fsi_nb/train.py'),

@@ -16,7 +16,7 @@ from .helix import helix_attention, helix_attention_loop
 from .moe import MoEFFN
 from .model import FSIEdgeModel, chunked_cross_entropy
 from .runs import resolve_precision, tune_cpu_allocator
-from .train import make_optimizer, train, train_step as trainer_step, compile_plan
+from .train import make_optimizer, train, train_step as trainer_step, compile_plan, ordered_scatter
 from .objectives import Objective, sample_group, sample_prompts
 
 # %% auto #0
@@ -155,7 +155,8 @@ def train_step(model:nn.Module, # returns `.loss` (or a loss tensor) for `model(
     opt = make_optimizer(model, tcfg)  # the trainer's AdamW (fused) and parameter groups
     fwd, objective, losses = torch.compile(model) if compile else model, FixedBatch(x, loss), []
     def step():
-        losses.append(trainer_step(fwd, opt, objective, 0, tcfg, dev).loss)   # .item() inside: the step's kernels have finished
+        with ordered_scatter(compile and dev.type == 'cpu'):   # as the trainer runs a compiled CPU step
+            losses.append(trainer_step(fwd, opt, objective, 0, tcfg, dev).loss)   # .item() inside: the step's kernels have finished
     return step, losses
 
 def step_throughputs(models, # models to time side by side (interleaved rounds)

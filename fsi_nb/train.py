@@ -31,7 +31,7 @@ from .distributed import (Ranks, init_ranks, wrap_model, grad_sync, clip_grad_no
 # %% auto #0
 __all__ = ['param_groups', 'make_optimizer', 'lr_at', 'WarmupCosine', 'make_scheduler', 'routing_record', 'inject_nan_steps',
            'StopOnSignal', 'RunResult', 'StepResult', 'train_step', 'build_model', 'load_init_weights', 'TrainState',
-           'cpp_compiler', 'compile_plan', 'train']
+           'cpp_compiler', 'compile_plan', 'ordered_scatter', 'train']
 
 # %% ../nbs/09_train.ipynb #42fc88e5
 def param_groups(model:torch.nn.Module, weight_decay:float) -> list[dict]:
@@ -364,6 +364,19 @@ def _decide_compile(spec:RunSpec, ranks:Ranks) -> TrainConfig:
     if why and ranks.main: print(why, file=sys.stderr)
     return replace(spec.train, compile=compiled)
 
+# %% ../nbs/09_train.ipynb #246924b6
+@contextlib.contextmanager
+def ordered_scatter(on:bool=True):
+    "Inside: torch's deterministic mode (warn-only, no NaN fill), so compiled CPU kernels scatter-add in a fixed order; restored on exit."
+    if not on: yield; return
+    import torch.utils.deterministic as det
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(), det.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    det.fill_uninitialized_memory = False
+    try: yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1]); det.fill_uninitialized_memory = before[2]
+
 # %% ../nbs/09_train.ipynb #cd6a86c3
 def train(preset:str='tiny',          # a name in `fsi_nb.config.PRESETS`
           run_name:str|None=None,     # folder under runs_dir; None: the preset's name
@@ -405,7 +418,8 @@ def train(preset:str='tiny',          # a name in `fsi_nb.config.PRESETS`
     info = _run_info(spec, t, dev, tok_sha, man_sha, data_dir, ckpt_path, init, objective, ranks.world)
     if ranks.main: _open_run_folder(spec, info, st)
     loop = _Loop(spec, model, opt, sched, objective, st, info, callback, progress, ckpt_path, ranks, share)
-    try: loop.run()
+    try:
+        with ordered_scatter(t.compile and dev.type == 'cpu'): loop.run()   # compiled CPU kernels that repeat to the bit
     except BaseException as e:   # a full disk, an out-of-memory error, a second Ctrl-C: say so where a watcher looks, then stop
         if ranks.main: _record_error(spec, st, e)
         raise
