@@ -5,6 +5,7 @@
 # %% ../nbs/08c_objectives.ipynb #38519d3c
 from __future__ import annotations
 import copy, math, os, time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np, torch
@@ -382,26 +383,29 @@ def batch(self:GRPO, step, micro, model):
     t, o = self.cfg, self.ocfg
     rng = np.random.default_rng([t.seed, 11, step, micro])
     t0, mixed, alike, every, drawn, sample_s = time.perf_counter(), [], [], [], 0, 0.0
-    for _ in range(1 + o.resample_rounds):   # dynamic sampling: a group whose samples all score alike has no advantage to learn from
-        recs = [self.prompts['train'][i] for i in rng.choice(len(self.prompts['train']), size=t.batch_size)]
-        ps, s0 = [self.prompt_ids(r) for r in recs], time.perf_counter()
-        with autocast_context(self.device, t.precision):   # in the run's precision, as its validation samples
-            groups = sample_prompts(model, ps, o.group_size, o.max_new_tokens, o.temperature, self.special['<|endoftext|>'], seed=int(rng.integers(2**62)))
-        sample_s, drawn = sample_s + time.perf_counter() - s0, drawn + len(recs)
-        rs = self.rewards([r for r in recs for _ in range(o.group_size)], [c for g in groups for c in g])
-        every += rs
-        for group in zip(recs, ps, groups, (rs[i:i + o.group_size] for i in range(0, len(rs), o.group_size))):
-            (mixed if o.resample_rounds == 0 or len(set(group[3])) > 1 else alike).append(group)
-        if len(mixed) >= t.batch_size: break
-    chosen = (mixed + alike)[:t.batch_size]   # the informative groups first, filled up with the others
-    recs, ps, groups, rs = zip(*chosen)
-    prompts, comps = [p for p, g in zip(ps, groups) for _ in g], [c for g in groups for c in g]
-    rewards = torch.tensor(rs, dtype=torch.float32)
-    b = completion_batch(prompts, comps, self.special['<|pad|>'], self.device)
+    flat = lambda xs, groups: ([x for x, g in zip(xs, groups) for _ in g], [c for g in groups for c in g])   # one entry per sample
+    with ThreadPoolExecutor(1) as rewarder:   # the rewards (sandbox runs: mostly waiting on processes) go on beside the model's work
+        for _ in range(1 + o.resample_rounds):   # dynamic sampling: a group whose samples all score alike has no advantage to learn from
+            recs = [self.prompts['train'][i] for i in rng.choice(len(self.prompts['train']), size=t.batch_size)]
+            ps, s0 = [self.prompt_ids(r) for r in recs], time.perf_counter()
+            with autocast_context(self.device, t.precision):   # in the run's precision, as its validation samples
+                groups = sample_prompts(model, ps, o.group_size, o.max_new_tokens, o.temperature, self.special['<|endoftext|>'], seed=int(rng.integers(2**62)))
+            sample_s, drawn = sample_s + time.perf_counter() - s0, drawn + len(recs)
+            pending = rewarder.submit(self.rewards, *flat(recs, groups))
+            if o.resample_rounds == 0: break   # every group is kept: its rewards are awaited only after the logprobs below
+            rs = pending.result(); every += rs
+            for group in zip(recs, ps, groups, (rs[i:i + o.group_size] for i in range(0, len(rs), o.group_size))):
+                (mixed if len(set(group[3])) > 1 else alike).append(group)
+            if len(mixed) >= t.batch_size: break
+        if o.resample_rounds: recs, ps, groups, rs = zip(*(mixed + alike)[:t.batch_size])   # the informative groups first, then the others
+        prompts, comps = flat(ps, groups)
+        b = completion_batch(prompts, comps, self.special['<|pad|>'], self.device)
+        with torch.no_grad(), autocast_context(self.device, t.precision):
+            b['old_logprobs'] = sequence_logprobs(model, b)[0].float()
+            if self.ref is not None: b['ref_logprobs'] = sequence_logprobs(self.ref, b)[0].float()
+        if o.resample_rounds == 0: rs = every = pending.result()
+    rewards = torch.tensor(rs, dtype=torch.float32).view(-1, o.group_size)
     b['advantages'] = group_advantages(rewards).view(-1).to(self.device)
-    with torch.no_grad(), autocast_context(self.device, t.precision):
-        b['old_logprobs'] = sequence_logprobs(model, b)[0].float()
-        if self.ref is not None: b['ref_logprobs'] = sequence_logprobs(self.ref, b)[0].float()
     b['stats'] = dict(reward=float(rewards.mean()), reward_std=float(rewards.std(-1, unbiased=False).mean()),
                       completion_tokens=sum(map(len, comps)) / len(comps), samples_per_sec=drawn * o.group_size / max(sample_s, 1e-9),
                       informative=float((rewards.std(-1) > 0).float().mean()), prompts_drawn=drawn,
