@@ -354,6 +354,7 @@ class GRPO(Objective):
     "RL on record prompts: `group_size` samples per prompt, a reward each, group-normalised advantages, clipped ratio."
     metric, higher_is_better = 'val_reward', True
     kinds = ('code', 'math')
+    overlap_rewards = None   # rewards beside the logprobs: None = on a GPU only (on a CPU the sandbox runs fight the model for its cores)
 
     def __init__(self, spec, data_dir):
         super().__init__(spec, data_dir)
@@ -384,7 +385,8 @@ def batch(self:GRPO, step, micro, model):
     rng = np.random.default_rng([t.seed, 11, step, micro])
     t0, mixed, alike, every, drawn, sample_s = time.perf_counter(), [], [], [], 0, 0.0
     flat = lambda xs, groups: ([x for x, g in zip(xs, groups) for _ in g], [c for g in groups for c in g])   # one entry per sample
-    with ThreadPoolExecutor(1) as rewarder:   # the rewards (sandbox runs: mostly waiting on processes) go on beside the model's work
+    overlap = o.resample_rounds == 0 and (self.overlap_rewards if self.overlap_rewards is not None else self.device.type != 'cpu')
+    with ThreadPoolExecutor(1) as rewarder:   # overlap: the rewards (sandbox runs) go on beside the model's logprobs
         for _ in range(1 + o.resample_rounds):   # dynamic sampling: a group whose samples all score alike has no advantage to learn from
             recs = [self.prompts['train'][i] for i in rng.choice(len(self.prompts['train']), size=t.batch_size)]
             ps, s0 = [self.prompt_ids(r) for r in recs], time.perf_counter()
@@ -392,8 +394,9 @@ def batch(self:GRPO, step, micro, model):
                 groups = sample_prompts(model, ps, o.group_size, o.max_new_tokens, o.temperature, self.special['<|endoftext|>'], seed=int(rng.integers(2**62)))
             sample_s, drawn = sample_s + time.perf_counter() - s0, drawn + len(recs)
             pending = rewarder.submit(self.rewards, *flat(recs, groups))
-            if o.resample_rounds == 0: break   # every group is kept: its rewards are awaited only after the logprobs below
+            if overlap: break   # every group is kept: its rewards are awaited only after the logprobs below
             rs = pending.result(); every += rs
+            if o.resample_rounds == 0: break
             for group in zip(recs, ps, groups, (rs[i:i + o.group_size] for i in range(0, len(rs), o.group_size))):
                 (mixed if len(set(group[3])) > 1 else alike).append(group)
             if len(mixed) >= t.batch_size: break
@@ -403,7 +406,7 @@ def batch(self:GRPO, step, micro, model):
         with torch.no_grad(), autocast_context(self.device, t.precision):
             b['old_logprobs'] = sequence_logprobs(model, b)[0].float()
             if self.ref is not None: b['ref_logprobs'] = sequence_logprobs(self.ref, b)[0].float()
-        if o.resample_rounds == 0: rs = every = pending.result()
+        if overlap: rs = every = pending.result()
     rewards = torch.tensor(rs, dtype=torch.float32).view(-1, o.group_size)
     b['advantages'] = group_advantages(rewards).view(-1).to(self.device)
     b['stats'] = dict(reward=float(rewards.mean()), reward_std=float(rewards.std(-1, unbiased=False).mean()),
@@ -460,7 +463,7 @@ def _record_sandbox(objective, results:list,
 def _passes(objective, programs:list[str], tests:list, timeout:float) -> list[bool]:
     "Whether each program passes its tests in the sandbox. An empty program (no code in the reply) fails without a sandbox: it could earn nothing, and a sandbox costs about 50 ms."
     todo = [i for i, p in enumerate(programs) if p]
-    res = run_many([(programs[i], tests[i]) for i in todo], workers=os.cpu_count() or 1, timeout=timeout)   # none to run: still refuses where no isolation works
+    res = run_many([(programs[i], tests[i]) for i in todo], workers=2 * (os.cpu_count() or 1), timeout=timeout)   # mostly waiting: 2 per core (measured); none to run: still refuses where no isolation works
     _record_sandbox(objective, res, None if res else isolation_mode())   # the run records the isolation in force either way
     ok = [False] * len(programs)
     for i, x in zip(todo, res): ok[i] = x.passed

@@ -277,26 +277,30 @@ def test_grpo_dynamic_sampling_replaces_groups_that_score_alike(prepared_data, t
     assert torch.equal(c['input_ids'], b['input_ids']) and torch.equal(c['advantages'], b['advantages'])   # a pure function of (step, micro, weights)
 
 def test_grpo_rewards_run_beside_the_logprobs_and_still_score_their_own_samples(prepared_data, tmp_path):
-    """With every group kept (resample_rounds=0) a step's rewards run in a thread while the old policy's logprobs are
-    computed; the batch must equal the slow reference: the same samples, each sample's own reward, that reward's
-    advantage, after a reward that finishes long after the logprobs."""
+    """With every group kept (resample_rounds=0) a step's rewards may run in a thread while the old policy's logprobs
+    are computed (`overlap_rewards`; by default on a GPU only). Either way the batch must equal the slow reference: the
+    same samples, each sample's own reward and that reward's advantage, with a reward that ends long after the logprobs."""
     from fsi_nb.runs import resolve_run
     from fsi_nb.objectives import make_objective, group_advantages, completion_batch, sequence_logprobs
     from fsi_nb.model import FSIEdgeModel
     spec = resolve_run('tiny', 'g', stage='stage3', init_from='scratch', data_dir=prepared_data, runs_dir=tmp_path,
                        batch_size=4, group_size=4, max_new_tokens=4, d_model=32, precision='fp32')
     obj, seen = make_objective(spec, prepared_data), []
+    assert obj.overlap_rewards is None and obj.device.type == 'cpu'   # the default: sequential on a CPU (the sandbox would fight the model)
     def slow_rewards(recs, comps):   # the parity of each sample's first token, returned after the logprobs are long done
         time.sleep(1.0); seen.append((recs, comps)); return [float(c[0] % 2) for c in comps]
     obj.rewards = slow_rewards
     torch.manual_seed(0)
     model = FSIEdgeModel(spec.model)
-    b = obj.batch(0, 0, model)
-    (recs, comps), = seen
-    rewards = torch.tensor([float(c[0] % 2) for c in comps]).view(4, 4)
-    assert 0 < rewards.mean() < 1   # rewards that differ, so a mix-up would show
-    assert torch.equal(b['advantages'], group_advantages(rewards).view(-1)) and b['stats']['reward'] == float(rewards.mean())
-    prompts = [obj.prompt_ids(r) for r in recs]
-    ref = completion_batch(prompts, comps, obj.special['<|pad|>'], obj.device)   # the samples the rewards saw are the batch's
-    assert torch.equal(ref['input_ids'], b['input_ids']) and torch.equal(ref['labels'], b['labels'])
-    with torch.no_grad(): assert torch.equal(sequence_logprobs(model, ref)[0].float(), b['old_logprobs'])
+    batches = []
+    for overlap in (True, False):
+        obj.overlap_rewards = overlap
+        b = obj.batch(0, 0, model); batches.append(b)
+        recs, comps = seen[-1]
+        rewards = torch.tensor([float(c[0] % 2) for c in comps]).view(4, 4)
+        assert 0 < rewards.mean() < 1   # rewards that differ, so a mix-up would show
+        assert torch.equal(b['advantages'], group_advantages(rewards).view(-1)) and b['stats']['reward'] == float(rewards.mean())
+        ref = completion_batch([obj.prompt_ids(r) for r in recs], comps, obj.special['<|pad|>'], obj.device)   # the samples the rewards saw
+        assert torch.equal(ref['input_ids'], b['input_ids']) and torch.equal(ref['labels'], b['labels'])
+        with torch.no_grad(): assert torch.equal(sequence_logprobs(model, ref)[0].float(), b['old_logprobs'])
+    assert all(torch.equal(batches[0][k], batches[1][k]) for k in ('input_ids', 'advantages', 'old_logprobs'))
