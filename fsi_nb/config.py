@@ -254,8 +254,9 @@ _GUARDS = ('dropout 0.1 and early stopping after 5 validations without a better 
 # From how many steps `torch.compile` pays back on a CPU preset: a first compile's seconds / the per-step gain, with the
 # real trainer, bf16, 2 threads, on this kit's build machine (nbs/notes/compile_pays.py; compile-pays.md). tiny: 126 s /
 # (202.8 - 168.7 ms) = 3,690 steps, rounded up; med: 218 s / (3,114 - 2,616 ms) = 439 steps, so its 3,000 compile.
-# small: not measured yet, tiny's number until it is (its 14,000 steps compile either way).
-CPU_COMPILE = dict(tiny=4000, small=4000, med=500)
+# small: 303 s / (1,254 - 1,006 ms) = 1,223 steps (40 steps a run), 1,500. tiny's 10,000-step run later gave 65 s /
+# (229.0 - 170.5 ms) = 1,100 with the scatter-adds ordered: the machine's day moves it, 4,000 stays until it is re-measured.
+CPU_COMPILE = dict(tiny=4000, small=1500, med=500)
 
 def _cpu(name, source, model, guarded=True, **train):
     t = TrainConfig(precision='auto', device='cpu', compile='auto', compile_min_steps=CPU_COMPILE[name],
