@@ -4,7 +4,7 @@
 
 # %% ../nbs/08a_checkpoint.ipynb #ce5d13c2
 from __future__ import annotations
-import errno, hashlib, io, os, random
+import errno, hashlib, io, os, random, shutil
 from pathlib import Path
 
 import numpy as np, torch
@@ -14,7 +14,7 @@ from .shards import sha256_file
 # %% auto #0
 __all__ = ['rng_state', 'set_rng_state', 'seed_everything', 'rank_seed', 'CheckpointError', 'write_atomic', 'checkpoint_path',
            'list_checkpoints', 'disk_error', 'save_checkpoint', 'verify_checkpoint', 'load_checkpoint',
-           'latest_valid_checkpoint']
+           'link_checkpoint', 'latest_valid_checkpoint']
 
 # %% ../nbs/08a_checkpoint.ipynb #5e4a0236
 def rng_state() -> dict:
@@ -115,14 +115,18 @@ def save_checkpoint(state:dict,     # what to save (tensors, dicts, lists, numbe
         raise CheckpointError(f"could not write checkpoint {path} ({len(data)/2**20:.1f} MiB): {disk_error(e)}; "
                               f"{kept}. Fix: free space in {d} (or raise the limit), then resume "
                               "the run (resume=True) from the last good checkpoint.") from e
-    # keep this one and the keep-1 before it. Newer files are the ones a resume skipped as damaged: left for the run
-    # to overwrite when it gets there, so they never push a good checkpoint out
+    _prune(d, step, keep, keep_every)
+    return path
+
+def _prune(d:Path, step:int, keep:int, keep_every:int):
+    "Keep `step`'s checkpoint and the keep-1 before it (and the multiples of `keep_every`)."
+    # newer files are the ones a resume skipped as damaged: left for the run to overwrite when it gets there, so they
+    # never push a good checkpoint out
     older = [p for p in list_checkpoints(d) if _step_of(p) < step and not (keep_every and _step_of(p) % keep_every == 0)]
     for old in older[:max(len(older) - (keep - 1), 0)]:
         old.unlink(missing_ok=True); old.with_name(old.name + '.sha256').unlink(missing_ok=True)
     for orphan in d.glob('*.sha256'):   # a checksum whose checkpoint never landed (killed between the two writes)
         if not orphan.with_suffix('').exists(): orphan.unlink(missing_ok=True)
-    return path
 
 # %% ../nbs/08a_checkpoint.ipynb #b41d2c3b
 def verify_checkpoint(path) -> str | None:
@@ -144,6 +148,29 @@ def load_checkpoint(path, map_location='cpu') -> dict:
     if why: raise CheckpointError(f"checkpoint {path} does not verify: {why}. Fix: use `latest_valid_checkpoint` "
                                   "to pick the newest good one, or delete this file.")
     return torch.load(path, map_location=map_location, weights_only=True)
+
+# %% ../nbs/08a_checkpoint.ipynb #885daf5d
+def link_checkpoint(src,            # a checkpoint `save_checkpoint` wrote, with its .sha256
+                    ckpt_dir,       # another folder to hold it (a run's best/)
+                    keep:int=1,     # how many checkpoints to keep there
+                    keep_every:int=0
+                   ) -> Path:
+    "Put the saved checkpoint `src` in `ckpt_dir` too, as a hard link (a copy where links fail), atomically; prune as `save_checkpoint`."
+    src, d = Path(src), Path(ckpt_dir); d.mkdir(parents=True, exist_ok=True)
+    path, tmp = d/src.name, d/(src.name + '.tmp')
+    try:
+        write_atomic(path.with_name(path.name + '.sha256'), src.with_name(src.name + '.sha256').read_bytes())
+        tmp.unlink(missing_ok=True)
+        try: os.link(src, tmp)
+        except OSError: shutil.copyfile(src, tmp)   # no hard links here (another filesystem, some network mounts)
+        os.replace(tmp, path)
+        _fsync_dir(d)
+    except OSError as e:
+        tmp.unlink(missing_ok=True); path.with_name(path.name + '.sha256').unlink(missing_ok=True)
+        raise CheckpointError(f"could not put checkpoint {src} in {d}: {disk_error(e)}. Fix: free space in {d}, then "
+                              "resume the run (resume=True).") from e
+    _prune(d, _step_of(path), keep, keep_every)
+    return path
 
 # %% ../nbs/08a_checkpoint.ipynb #ab01ac01
 def latest_valid_checkpoint(ckpt_dir) -> tuple[Path | None, list[tuple[Path, str]]]:

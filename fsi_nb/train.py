@@ -17,7 +17,7 @@ from .tokenizer import load_tokenizer, structure_tables
 from .data import ensure_prepared
 from .shards import verify_manifest, manifest_sha256
 from .model import FSIEdgeModel, unwrap
-from .checkpoint import CheckpointError, list_checkpoints, rng_state, set_rng_state, seed_everything, rank_seed
+from .checkpoint import CheckpointError, link_checkpoint, list_checkpoints, rng_state, set_rng_state, seed_everything, rank_seed
 from .runs import RunSpec, SCRATCH, resolve_run, warn_short_warmup, autocast_context, tune_cpu_allocator, CPUShare, json_safe, git_commit, to_json
 from .run_folder import (RunFolder, RunConfig, Status, Checkpoint, check_writable, is_smoke_run, truncate_log, write_config,
                                write_status, read_status, save_run_checkpoint, read_checkpoint, pick_checkpoint, choose_checkpoint,
@@ -587,9 +587,13 @@ def _elapsed(self:_Loop): return self.st.elapsed_seconds + time.perf_counter() -
 def _save(self:_Loop, best:bool=False) -> float:
     t0 = time.perf_counter()
     check_replicas(self.model, self.ranks)   # under torchrun: the ranks' router biases still agree
-    state, path, failed = self._state(), RunFolder(self.run_dir).checkpoint(self.st.step, best), None
+    folder = RunFolder(self.run_dir)
+    # the best is this step's rolling checkpoint (saved first, same contents): a second name for it, not a second copy
+    same = best and self.saved_step == self.st.step and self.checkpoint and Path(self.checkpoint).parent == folder.checkpoints
+    state, path, failed = None if same else self._state(), folder.checkpoint(self.st.step, best), None
     if self.ranks.main:   # rank 0 writes; the others learn whether it could, and stop with it if not
-        try: path = save_run_checkpoint(self.run_dir, state, best, keep=self.t.keep_checkpoints, keep_every=self.t.keep_every)
+        try: path = link_checkpoint(self.checkpoint, folder.best) if same else \
+                    save_run_checkpoint(self.run_dir, state, best, keep=self.t.keep_checkpoints, keep_every=self.t.keep_every)
         except CheckpointError as e: failed = e
     if self.ranks.max(failed is not None)[0]:
         raise failed or CheckpointError(f'rank 0 could not write checkpoint {path} (its message says why)')
