@@ -4,7 +4,7 @@
 
 # %% ../nbs/16_cli.ipynb #c024be77
 from __future__ import annotations
-import argparse, importlib, json, sys
+import argparse, importlib, json, os, sys, warnings
 
 from .checkpoint import CheckpointError
 from .runs import NeedsGPUError
@@ -72,8 +72,14 @@ def train_parser() -> argparse.ArgumentParser:
     return ap
 
 # %% ../nbs/16_cli.ipynb #e7e5350b
+def _plain_warning(message, category, filename, lineno, line=None, _python=warnings.formatwarning) -> str:
+    "The kit's own warnings as one line (`warning: ...`), without the source line Python prints under each; others as Python does."
+    if category is UserWarning and f'{os.sep}fsi_nb{os.sep}' in filename: return f'warning: {message}\n'
+    return _python(message, category, filename, lineno, line)
+
 def train_main(argv=None) -> int:
     "`python -m fsi_nb.train --preset tiny --max-steps 300 --run-name x`: `train` (or, with --stages, `run_pipeline`) from a terminal."
+    warnings.formatwarning = _plain_warning
     ap = train_parser()
     a = ap.parse_args(argv)
     if a.nproc < 1: ap.error(f'--nproc {a.nproc}: at least one process. Fix: --nproc 1 (or the number of GPUs)')
