@@ -273,6 +273,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                  'fsi_nb.evaluate.loss_gate_table': ('evaluate.html#loss_gate_table', 'fsi_nb/evaluate.py'),
                                  'fsi_nb.evaluate.markdown_table': ('evaluate.html#markdown_table', 'fsi_nb/evaluate.py'),
                                  'fsi_nb.evaluate.plot_categories': ('evaluate.html#plot_categories', 'fsi_nb/evaluate.py'),
+                                 'fsi_nb.evaluate.plus_minus': ('evaluate.html#plus_minus', 'fsi_nb/evaluate.py'),
                                  'fsi_nb.evaluate.routing_health': ('evaluate.html#routing_health', 'fsi_nb/evaluate.py'),
                                  'fsi_nb.evaluate.routing_table': ('evaluate.html#routing_table', 'fsi_nb/evaluate.py'),
                                  'fsi_nb.evaluate.sample': ('evaluate.html#sample', 'fsi_nb/evaluate.py'),

@@ -50,7 +50,7 @@ def run_curves(runs:list) -> pd.DataFrame:
 def eval_columns(ev:dict) -> dict:
     "The headline numbers of an `eval.json` (`fsi_nb.evaluate.write_report`) as flat columns."
     cols = {'eval_step': ev.get('step')} if ev else {}
-    if val := ev.get('val'): cols |= {'eval_val_loss': val.get('loss'), 'eval_perplexity': val.get('perplexity')}
+    if val := ev.get('val'): cols |= {'eval_val_loss': val.get('loss'), 'eval_val_loss_se': val.get('loss_se'), 'eval_perplexity': val.get('perplexity')}
     for c in ev.get('categories') or []:
         cols |= {f"{c['category']}_loss": c.get('loss'), f"{c['category']}_bits_per_byte": c.get('bits_per_byte')}
     if fim := ev.get('fim'): cols['fim_exact_match'] = fim.get('exact_match')

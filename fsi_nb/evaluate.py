@@ -19,13 +19,14 @@ from .shards import CATEGORIES, manifest_path, verify_manifest
 from .batches import Batcher
 from .model import FSIEdgeModel, sample_next
 from .run_folder import LoadedRun, load_run, RunFolder, write_eval
+from .objectives import mean_se
 from .dashboard import fig_png, plot_routing, plot_training, read_log
 
 # %% auto #0
-__all__ = ['SEED_TOKENS_PER_STEP', 'LOSS_GATES', 'validation_loss', 'token_byte_lengths', 'category_metrics', 'loss_gate_table',
-           'token_texts', 'special_ids', 'generate_until', 'generate_batched', 'sample', 'fim_example', 'fim_examples',
-           'fim_exact_match', 'routing_table', 'routing_health', 'sizing_table', 'evaluate_run', 'markdown_table',
-           'plot_categories', 'write_report']
+__all__ = ['SEED_TOKENS_PER_STEP', 'LOSS_GATES', 'validation_loss', 'plus_minus', 'token_byte_lengths', 'category_metrics',
+           'loss_gate_table', 'token_texts', 'special_ids', 'generate_until', 'generate_batched', 'sample',
+           'fim_example', 'fim_examples', 'fim_exact_match', 'routing_table', 'routing_health', 'sizing_table',
+           'evaluate_run', 'markdown_table', 'plot_categories', 'write_report']
 
 # %% ../nbs/11_evaluate.ipynb #b06d20bd
 @torch.no_grad()
@@ -33,24 +34,29 @@ def validation_loss(model:torch.nn.Module, data_dir, # a prepared data folder wi
                     batches:int=20, batch_size:int=8, seq_len:int=128, seed:int=0, mix:DataMix=FINAL_MIX,
                     verify:bool=True # check the shards' SHA-256 first
                    ) -> dict:
-    "Token-weighted mean next-token loss (the LM loss, without MoE auxiliary terms) and perplexity on the val split."
+    "Token-weighted mean next-token loss (the LM loss, without MoE auxiliary terms) and perplexity on the val split, with the loss's standard error over batches."
     if batches < 1 or batch_size < 1 or seq_len < 2:
         raise ValueError(f"batches={batches}, batch_size={batch_size}, seq_len={seq_len}: a validation loss needs at least one "
                          "batch of one sequence of two tokens. Fix: e.g. batches=20, batch_size=8, seq_len=128.")
     was = model.training; model.eval()
     dev = next(model.parameters()).device
     b = Batcher(data_dir, 'val', seed=seed, mix=mix, verify=verify)
-    total, n = 0.0, 0
+    losses, counts = [], []   # per batch: its mean loss and its target tokens
     for i in range(batches):
         batch = b.get_batch(i, 0, batch_size, seq_len)
         ids, labels = batch['input_ids'].to(dev), batch['labels'].to(dev)
         out = model(input_ids=ids, labels=labels, return_logits=False)
-        k = int((labels[:, 1:] != -100).sum())
-        total += float(out.aux.get('lm_loss', out.loss)) * k; n += k
+        losses.append(float(out.aux.get('lm_loss', out.loss))); counts.append(int((labels[:, 1:] != -100).sum()))
     model.train(was)
+    n = sum(counts)
     if n == 0: raise ValueError(f"the {batches} validation batches of {data_dir} hold no target tokens. Fix: more batches or a longer seq_len.")
-    loss = total / n
-    return dict(loss=loss, perplexity=math.exp(min(loss, 50)), tokens=n, batches=batches, seq_len=seq_len)
+    loss, se = sum(l * k for l, k in zip(losses, counts)) / n, mean_se(losses, counts)   # batches are the independent units
+    return dict(loss=loss, loss_se=None if math.isnan(se) else se, perplexity=math.exp(min(loss, 50)), tokens=n, batches=batches, seq_len=seq_len,
+                per_batch=losses)   # what a paired comparison of two models on the same batches needs
+
+def plus_minus(se) -> str:
+    "' ± 0.0123' for a standard error, '' for none (one batch cannot give one)."
+    return '' if se is None else f' ± {se:.4f}'
 
 # %% ../nbs/11_evaluate.ipynb #ebe7a325
 def token_byte_lengths(tokenizer) -> np.ndarray:
@@ -471,7 +477,7 @@ def write_report(
         L += ['\n## Loss curves\n', '![training curves](report_training.png)\n']
     L += ["\n## The seeds' loss gates\n", markdown_table(ev['gates'], index=False),
           f"\n## Held-out loss per data category\n",
-          f"Validation loss (training mix): {ev['val']['loss']:.4f} (perplexity {ev['val']['perplexity']:,.1f}, {ev['val']['tokens']:,} tokens); "
+          f"Validation loss (training mix): {ev['val']['loss']:.4f}{plus_minus(ev['val'].get('loss_se'))} (perplexity {ev['val']['perplexity']:,.1f}, {ev['val']['tokens']:,} tokens); "
           f"ln(vocab) = {math.log(r.model_config.vocab_size):.4f}.\n",
           markdown_table(ev['categories'][['documents', 'tokens', 'bytes', 'loss', 'perplexity', 'bits_per_byte', 'bytes_per_token']])]
     fig_png(plot_categories(ev['categories'], name), out/'report_categories.png')
